@@ -1,0 +1,52 @@
+"""An injector that replays a fixed script of steps: for tests and conformance runs.
+
+Each step is a list of records and the low watermark the injector publishes once the step is read.
+One step is released per read (the Spark runner's micro-batch, the harness's step), so both runners
+see the same sequence of injections and watermark advances.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+from millstream.model.injector import Injector, Offset
+from millstream.model.records import BEGINNING_OF_TIME, END_OF_TIME, Record, derive_record_id
+
+
+@dataclass(frozen=True)
+class Step:
+    records: tuple[Record, ...]
+    watermark: int
+
+
+class ScriptedInjector(Injector):
+    def __init__(self, name: str, steps: Sequence[tuple[Sequence[Record], int]], finish: bool = True) -> None:
+        """`steps`: (records, watermark after the step). With `finish`, the watermark becomes
+        END_OF_TIME after the last step, so every pending low-watermark timer fires."""
+        previous = BEGINNING_OF_TIME
+        self.steps: list[Step] = []
+        for number, (records, watermark) in enumerate(steps):
+            if watermark < previous:
+                raise ValueError(f"step {number}: watermark {watermark} goes back from {previous}")
+            previous = watermark
+            self.steps.append(Step(tuple(
+                r if r.id else r.with_id(derive_record_id(name, f"step{number}", i)) for i, r in enumerate(records)
+            ), watermark))
+        self.finish = finish
+
+    def initial_offset(self) -> Offset:
+        return {"step": 0}
+
+    def latest_offset(self, start: Offset, max_records: int | None) -> Offset:
+        return {"step": min(start["step"] + 1, len(self.steps))}
+
+    def read(self, start: Offset, end: Offset) -> Iterator[Record]:
+        for step in self.steps[start["step"]:end["step"]]:
+            yield from step.records
+
+    def low_watermark(self, offset: Offset) -> int:
+        done = offset["step"]
+        if done >= len(self.steps) and self.finish:
+            return END_OF_TIME
+        return self.steps[done - 1].watermark if done else BEGINNING_OF_TIME

@@ -1,0 +1,5 @@
+"""Test millstream computations and pipelines in-process, without Spark."""
+
+from millstream.testing.harness import PipelineHarness
+
+__all__ = ["PipelineHarness"]
