@@ -1,0 +1,72 @@
+"""A SparkSession with the settings millstream needs, defaulting to an embedded local[*] Spark."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Callable, Mapping, TypeVar
+
+import millstream
+
+T = TypeVar("T")
+
+STATE_STORE_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+
+DEFAULT_CONF: dict[str, str] = {
+    # transformWithState requires RocksDB; changelog checkpointing halves commit time.
+    "spark.sql.streaming.stateStore.providerClass": STATE_STORE_PROVIDER,
+    "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
+    "spark.sql.shuffle.partitions": "2",
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.streaming.metricsEnabled": "false",
+    "spark.driver.memory": "2g",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+}
+
+
+def _project_path() -> str:
+    return os.path.dirname(os.path.dirname(os.path.abspath(millstream.__file__)))
+
+
+def create_session(master: str = "local[*]", app_name: str = "millstream",
+                   conf: Mapping[str, str] | None = None, log_path: str | None = None):
+    """Create (or reuse) the SparkSession. Python workers must import millstream: in local mode the
+    package's folder is put on their PYTHONPATH; on a cluster, install millstream on the executors.
+
+    With `log_path`, the JVM's own stdout and stderr (start-up warnings, and Python workers that
+    print) go to that file instead of the user's terminal; failures still surface as exceptions."""
+    from pyspark.sql import SparkSession
+
+    path = _project_path()
+    current = os.environ.get("PYTHONPATH", "")
+    if path not in current.split(os.pathsep):
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (path, current) if p)
+    builder = SparkSession.builder.master(master).appName(app_name)
+    for key, value in {**DEFAULT_CONF, **dict(conf or {})}.items():
+        builder = builder.config(key, value)
+    builder = builder.config("spark.executorEnv.PYTHONPATH", os.environ["PYTHONPATH"])
+    spark = _with_jvm_output(log_path, builder.getOrCreate)
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def _with_jvm_output(log_path: str | None, start: Callable[[], T]) -> T:
+    """The JVM inherits file descriptors 1 and 2 when it is spawned: point them at the log file
+    for that moment only."""
+    if log_path is None:
+        return start()
+    os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        return start()
+    finally:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in (*saved, log):
+            os.close(fd)
