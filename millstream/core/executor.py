@@ -184,17 +184,20 @@ class _Invocation:
         return self._stream
 
     def state(self, spec: StateSpec) -> Any:
+        # Compared by name and kind, not identity: the plan travels to Spark workers pickled.
         declared = self._plan.state_specs.get(getattr(spec, "name", None))
-        if declared is not spec:
+        if declared is None or type(declared) is not type(spec):
             raise ComputationError(
                 f"computation {self._plan.name!r} used state {spec!r} that is not declared as a class "
                 "attribute of the computation (declare it like `count = ValueState('count')`)"
             )
-        if isinstance(spec, ValueState):
-            return _ValueHandle(self._state, spec)
-        if isinstance(spec, ListState):
-            return _ListHandle(self._state, spec)
-        return _MapHandle(self._state, spec)
+        # The declared spec, not the one passed: persistence (KeyState.flush) encodes with the
+        # declared codecs, so reads must decode with them too.
+        if isinstance(declared, ValueState):
+            return _ValueHandle(self._state, declared)
+        if isinstance(declared, ListState):
+            return _ListHandle(self._state, declared)
+        return _MapHandle(self._state, declared)
 
     def set_timer(self, tag: str, time: int, domain: TimeDomain = TimeDomain.LOW_WATERMARK) -> None:
         if not isinstance(tag, str):
@@ -205,7 +208,7 @@ class _Invocation:
             )
         if not -END_OF_TIME <= time <= END_OF_TIME:
             raise ComputationError(f"{self._plan.name}: timer {tag!r} time {time} is out of range")
-        self._state.timers[tag] = Timer(time, tag, TimeDomain(domain))
+        self._state.timers[tag] = Timer(time, tag, domain if type(domain) is TimeDomain else TimeDomain(domain))
 
     def delete_timer(self, tag: str) -> None:
         self._state.timers.pop(tag, None)

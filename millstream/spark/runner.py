@@ -203,6 +203,12 @@ class SparkRunner:
                     f"computation {node.name!r} asks for weak productions, which the Spark runner does "
                     "not support yet; use production='strong'"
                 )
+        for sink in pipeline.sinks.values():
+            if any(p in pipeline.injectors for p in pipeline.producers(sink.stream)):
+                raise PipelineError(
+                    f"sink {sink.name!r} reads stream {sink.stream!r}, which an injector produces; the Spark "
+                    "runner materializes computation outputs only (add a pass-through computation)"
+                )
         if shards < 1 or pages_per_shard < 1:
             raise ValueError("shards and pages_per_shard must be >= 1")
         self.pipeline = pipeline

@@ -184,6 +184,7 @@ class InputsReader(DataSourceStreamReader):
                        feed: Iterator[tuple[str, bytes, int, str, Any]], stamp: int) -> Iterator[pa.RecordBatch]:
         by_record_key = input_plan.key_extractor is record_key
         rows = []
+        shard_of: dict[str, int] = {}  # keys repeat: hash each once per partition
         for rkey, value, ts, rid, decoded in feed:
             if by_record_key:
                 key = rkey
@@ -191,7 +192,9 @@ class InputsReader(DataSourceStreamReader):
                 if decoded is None:
                     decoded = input_plan.codec.decode(value)
                 key = input_plan.key_of(Record(rkey, decoded, ts, rid), plan.name)
-            shard = route(key, plan.shards, plan.pages_per_shard)[0]
+            shard = shard_of.get(key)
+            if shard is None:
+                shard = shard_of[key] = route(key, plan.shards, plan.pages_per_shard)[0]
             rows.append((shard, key, rkey, input_plan.stream, value, ts, rid))
             if len(rows) >= _CHUNK:
                 yield _batch(rows, stamp)

@@ -5,10 +5,11 @@ then inspect productions, state, pending timers and low watermarks. It runs the 
 Spark runner runs, with the same sharding and serialization, and steps the way Spark micro-batches do:
 
     step: for each computation, in topological order
-      1. deliver its queued records, and fire timers due at its current input low watermark
-         (Spark: a micro-batch, whose watermark comes from earlier batches)
-      2. coalesce its senders' published watermarks; if that advanced, fire the newly due timers
-         (Spark: the no-data batch it runs when the watermark advances)
+      1. deliver its queued records, then fire timers due at its current input low watermark
+         (Spark: a micro-batch; its watermark comes from earlier batches, timers fire after inputs)
+      2. coalesce its senders' published watermarks into its new input low watermark; timers that
+         became due fire in the next step, after that step's records, exactly as Spark fires them in
+         the next batch (a no-data batch only when no input is waiting)
       3. publish its output watermark: min(coalesced input, earliest pending low-watermark timer)
 """
 
@@ -128,9 +129,7 @@ class PipelineHarness:
             for sender in run.plan.sender_names():
                 stream, producer = sender.split("/", 1)
                 run.coalescer.observe(sender, self._published_watermark(producer))
-            if run.coalescer.coalesced != before:
-                busy = True
-                self._run_shards(run, [], run.coalescer.coalesced)
+            busy |= run.coalescer.coalesced != before
             pending = [t for t in run.next_lw_timer.values() if t is not None]
             new_output = output_watermark(run.coalescer.coalesced, min(pending) if pending else None)
             run.output_watermark = max(run.output_watermark, new_output)
