@@ -91,10 +91,12 @@ class BatchCommitter:
         self.sinks = [s for s in pipeline.sinks.values() if s.stream in plan.output_codecs]
 
     def __call__(self, frame: Any, batch_id: int) -> None:
+        # Always run the batch: Spark commits the operator's state stores only when the whole frame
+        # is consumed, also when it replays a batch after a restart.
+        table = frame.toArrow()
         previous = self._load_status()
         if previous.get("batch", -1) >= batch_id:
-            return  # already committed before a restart: Spark is replaying it
-        table = frame.toArrow()
+            return  # committed before the restart: the replay must not publish it twice
         reports = table.filter(pc.is_null(table["stream"]))
         produced_rows = table.filter(pc.is_valid(table["stream"]))
 
@@ -311,7 +313,13 @@ class SparkRunner:
             error = query.exception()
             if error is not None:
                 self.stop()
-                raise MillstreamRunError(f"computation {name!r} failed: {user_error_message(str(error))}") from None
+                details = f"{error}\n{getattr(error, 'getStackTrace', lambda: '')()}"
+                with open(os.path.join(self.root, "errors.log"), "a") as log:
+                    log.write(f"--- computation {name!r} failed at {time.ctime()}\n{details}\n")
+                raise MillstreamRunError(
+                    f"computation {name!r} failed: {user_error_message(str(error))} "
+                    f"(full trace in {os.path.join(self.root, 'errors.log')})"
+                ) from None
 
     def stop(self) -> None:
         for query in self._queries.values():

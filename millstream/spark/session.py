@@ -22,6 +22,9 @@ DEFAULT_CONF: dict[str, str] = {
     "spark.sql.streaming.metricsEnabled": "false",
     "spark.driver.memory": "2g",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
+    # Python workers start slowly on a loaded 2-core machine; the default 15 s made them fail
+    # with "Python worker failed to connect back".
+    "spark.python.authenticate.socketTimeout": "120s",
 }
 
 
