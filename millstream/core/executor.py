@@ -25,6 +25,10 @@ from millstream.model.records import END_OF_TIME, Record, TimeDomain, Timer, der
 from millstream.model.state import ListState, MapState, StateSpec, ValueState
 
 
+# A key's timers that keep re-arming themselves behind the watermark would loop inside one step.
+MAX_TIMER_FIRINGS_PER_STEP = 100_000
+
+
 class ComputationError(RuntimeError):
     """User code misused the context; the message names the computation and key."""
 
@@ -376,6 +380,12 @@ class ShardExecutor:
         fired = 0
         ctx = _Invocation(self.plan, state, key, low_watermark, wall_time, out)
         while (timer := state.due_timer(low_watermark, wall_time)) is not None:
+            if fired >= MAX_TIMER_FIRINGS_PER_STEP:
+                raise ComputationError(
+                    f"computation {self.plan.name!r}, key {key!r}: more than {MAX_TIMER_FIRINGS_PER_STEP} "
+                    "timers fired in one step; a timer that re-sets itself at or behind the low watermark "
+                    "fires again at once, forever"
+                )
             del state.timers[timer.tag]
             state.timers_fired += 1
             ctx._begin(f"t:{key}:{state.timers_fired}", None, False)

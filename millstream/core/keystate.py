@@ -64,7 +64,8 @@ class KeyState:
             spec = specs[name]
             if live is _CLEARED or live is None or (not live and not isinstance(spec, ValueState)):
                 self.encoded.pop(name, None)
-            elif isinstance(spec, ValueState) and name not in self.encoded and live == spec.default:
+            elif (isinstance(spec, ValueState) and name not in self.encoded
+                  and type(live) is type(spec.default) and live == spec.default):
                 continue  # only read, never set: nothing to store
             elif isinstance(spec, ValueState):
                 self.encoded[name] = spec.codec.encode(live)
@@ -77,7 +78,9 @@ class KeyState:
         self.live.clear()
 
     def is_empty(self) -> bool:
-        return not (self.encoded or self.timers or self.seen)
+        # A key that ever fired a timer is kept for its counter: ids of timer productions derive
+        # from it, and restarting it at 0 would repeat ids a consumer may still deduplicate against.
+        return not (self.encoded or self.timers or self.seen or self.timers_fired)
 
     # -- timers --------------------------------------------------------------------------------
     def earliest_timer(self, domain: TimeDomain) -> int | None:

@@ -3,7 +3,7 @@
 Contract for writers: a file becomes visible complete (write elsewhere, then rename into the
 directory), is never changed afterwards, and its modification time is its creation time. Each line is
 an object {"key": str, "value": any, "timestamp": int ms, "id": optional str}; without an id the
-record's id is derived from file name and line number, so re-reading gives the same ids. A file named
+record's id is derived from the file's path and line number, so re-reading gives the same ids. A file named
 `_DONE` says no more files will come.
 
 Low watermark, as in the paper: the minimum creation time of the files not yet read. When every known
@@ -45,7 +45,8 @@ class FileInjector(Injector):
         for name in names:
             if name.endswith(self.suffix) and not name.startswith("."):
                 try:
-                    created[name] = int(os.stat(os.path.join(self.directory, name)).st_mtime * 1000)
+                    # Whole ms, from the exact ns value (a float st_mtime can round into the next ms).
+                    created[name] = os.stat(os.path.join(self.directory, name)).st_mtime_ns // 1_000_000
                 except FileNotFoundError:
                     continue
         return created, DONE_MARKER in names
@@ -71,16 +72,19 @@ class FileInjector(Injector):
     def read(self, start: Offset, end: Offset) -> Iterator[Record]:
         for name in sorted(set(end["read"]) - set(start["read"])):
             path = os.path.join(self.directory, name)
+            # Ids derive from the file's path, not its name alone: two directories holding files of
+            # the same name (part-0000.jsonl) feed different records, which must not deduplicate.
+            source = os.path.join(os.path.normpath(self.directory), name)
             with open(path, encoding="utf-8") as lines:
                 for number, line in enumerate(lines, 1):
                     if line.strip():
-                        yield _parse(line, name, number)
+                        yield _parse(line, name, number, source)
 
     def low_watermark(self, offset: Offset) -> int:
         return END_OF_TIME if offset["done"] else offset["watermark"]
 
 
-def _parse(line: str, name: str, number: int) -> Record:
+def _parse(line: str, name: str, number: int, source: str) -> Record:
     try:
         item = json.loads(line)
         key, timestamp = item["key"], item["timestamp"]
@@ -89,5 +93,5 @@ def _parse(line: str, name: str, number: int) -> Record:
                               '{"key": str, "value": ..., "timestamp": int}') from None
     if not isinstance(key, str) or isinstance(timestamp, bool) or not isinstance(timestamp, int):
         raise FileFormatError(f"{name}:{number}: key must be a string and timestamp integer milliseconds")
-    record_id = item.get("id") or derive_record_id("file", name, number)
+    record_id = item.get("id") or derive_record_id("file", source, number)
     return Record(key, item.get("value"), timestamp, str(record_id))

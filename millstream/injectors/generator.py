@@ -2,7 +2,9 @@
 
 Deterministic by construction (replay reads the same indices), optionally paced in wall time. The
 caller supplies an honest low watermark: `low_watermark(n)` must be <= the timestamp of every record
-with index >= n (for data with bounded disorder, the n-th base time minus the bound).
+with index >= n (for data with bounded disorder, the n-th base time minus the bound). A record made
+without an id gets one derived from the injector's `name` and its index (give each generator of a
+pipeline its own name).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import time
 from typing import Callable, Iterator
 
 from millstream.model.injector import Injector, Offset
-from millstream.model.records import END_OF_TIME, Record
+from millstream.model.records import END_OF_TIME, Record, derive_record_id
 
 
 class GeneratorInjector(Injector):
@@ -22,6 +24,7 @@ class GeneratorInjector(Injector):
         low_watermark: Callable[[int], int],
         records_per_second: float | None = None,
         max_records_per_read: int = 50_000,
+        name: str = "generator",
     ) -> None:
         if total < 0:
             raise ValueError("total must be >= 0")
@@ -30,6 +33,7 @@ class GeneratorInjector(Injector):
         self.watermark_at = low_watermark
         self.records_per_second = records_per_second
         self.max_records_per_read = max_records_per_read
+        self.name = name
 
     def initial_offset(self) -> Offset:
         return {"next": 0, "started_ms": None}
@@ -48,7 +52,10 @@ class GeneratorInjector(Injector):
 
     def read(self, start: Offset, end: Offset) -> Iterator[Record]:
         for index in range(start["next"], end["next"]):
-            yield self.make_record(index)
+            record = self.make_record(index)
+            # Every injected record needs an id: without one, exactly-once delivery would treat all
+            # records of a key as duplicates of the first.
+            yield record if record.id else record.with_id(derive_record_id(self.name, "index", index))
 
     def low_watermark(self, offset: Offset) -> int:
         if offset["next"] >= self.total:

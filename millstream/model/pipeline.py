@@ -149,6 +149,7 @@ class Pipeline:
     def add_sink(self, name: str, stream: str, path: str, format: str = "jsonl") -> "Pipeline":
         """Materialize `stream` as files users can read: 'jsonl' (JSON lines) or 'parquet'."""
         self._check_new_node(name)
+        _check_name("stream", stream)
         if format not in ("jsonl", "parquet"):
             raise PipelineError(f"sink {name!r}: format must be 'jsonl' or 'parquet', got {format!r}")
         self.sinks[name] = SinkNode(name, stream, format, str(path))

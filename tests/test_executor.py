@@ -1,0 +1,491 @@
+"""ShardExecutor, the semantic core: per-key invocation, timers, dedup by record id, lateness, ids.
+
+Driven directly (no harness) so each step's low watermark and wall time are chosen by the test, and
+compared with a plain-Python model of the documented semantics.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+
+import pytest
+
+from millstream import Computation, ListState, Pipeline, Record, ScriptedInjector, TimeDomain, ValueState
+from millstream.core.executor import ComputationError, Delivery, MemoryShardStore, ShardExecutor
+from millstream.core.plan import plan_computation
+from millstream.model.records import BEGINNING_OF_TIME, END_OF_TIME, derive_record_id
+
+LW = TimeDomain.LOW_WATERMARK
+WALL = TimeDomain.WALL_TIME
+
+
+def make_executor(computation: Computation, outputs=("out",), shards: int = 1, pages: int = 4,
+                  dedup_horizon_ms: int | None = None, name: str = "comp") -> ShardExecutor:
+    pipeline = Pipeline("p").add_injector("src", ScriptedInjector("src", []), "in")
+    kwargs = {} if dedup_horizon_ms is None else {"dedup_horizon_ms": dedup_horizon_ms}
+    pipeline.add_computation(name, computation, ["in"], list(outputs), **kwargs)
+    return ShardExecutor(plan_computation(pipeline, name, shards, pages), MemoryShardStore())
+
+
+def deliver(key: str, value, ts: int = 0, rid: str | None = None) -> Delivery:
+    return Delivery(key, "in", Record(key, value, ts, rid or f"id-{key}-{value}-{ts}"))
+
+
+# -- a scriptable computation: record values are timer operations -----------------------------------
+class TimerScript(Computation):
+    """value = list of ops: ["set", tag, time, domain] | ["del", tag]. A fired timer whose tag is
+    "cN" (N > 0) chains: it sets "c{N-1}" in the same domain 7 ms later. Every firing is logged."""
+
+    def __init__(self) -> None:
+        self.log: list[tuple[str, int, str, str, int, int]] = []
+
+    def process_record(self, ctx, record):
+        for op in record.value:
+            if op[0] == "set":
+                ctx.set_timer(op[1], op[2], TimeDomain(op[3]))
+            else:
+                ctx.delete_timer(op[1])
+
+    def process_timer(self, ctx, timer):
+        assert ctx.input_stream is None and not ctx.is_late
+        self.log.append((ctx.key, timer.time, timer.tag, timer.domain.value, ctx.low_watermark, ctx.wall_time))
+        if timer.tag.startswith("c") and int(timer.tag[1:]) > 0:
+            ctx.set_timer(f"c{int(timer.tag[1:]) - 1}", timer.time + 7, timer.domain)
+
+
+class TimerModel:
+    """Plain-Python ground truth: pending[key][tag] = (time, domain); fire the minimum due (time, tag)
+    until none is due, chaining like TimerScript."""
+
+    def __init__(self) -> None:
+        self.pending: dict[str, dict[str, tuple[int, str]]] = defaultdict(dict)
+        self.log: list[tuple[str, int, str, str, int, int]] = []
+
+    def apply(self, key, ops):
+        for op in ops:
+            if op[0] == "set":
+                self.pending[key][op[1]] = (op[2], op[3])
+            else:
+                self.pending[key].pop(op[1], None)
+
+    def fire(self, keys, lw, wall):
+        for key in keys:
+            timers = self.pending[key]
+            while True:
+                due = [(t, tag) for tag, (t, d) in timers.items()
+                       if (t <= lw if d == LW.value else t <= wall)]
+                if not due:
+                    break
+                time, tag = min(due)
+                domain = timers.pop(tag)[1]
+                self.log.append((key, time, tag, domain, lw, wall))
+                if tag.startswith("c") and int(tag[1:]) > 0:
+                    timers[f"c{int(tag[1:]) - 1}"] = (time + 7, domain)
+
+
+def per_key(log):
+    grouped = defaultdict(list)
+    for entry in log:
+        grouped[entry[0]].append(entry)
+    return dict(grouped)
+
+
+# -- timers ------------------------------------------------------------------------------------------
+def test_timers_fire_in_time_then_tag_order_within_a_key():
+    comp = TimerScript()
+    ex = make_executor(comp)
+    ops = [["set", "b", 20, "low_watermark"], ["set", "z", 10, "low_watermark"],
+           ["set", "a", 20, "low_watermark"], ["set", "m", 10, "low_watermark"],
+           ["set", "later", 31, "low_watermark"]]
+    ex.step([deliver("k", ops)], low_watermark=0, wall_time=0)
+    assert comp.log == []
+    result = ex.step([], low_watermark=30, wall_time=0)
+    assert [(t, tag) for _, t, tag, *_ in comp.log] == [(10, "m"), (10, "z"), (20, "a"), (20, "b")]
+    assert result.metrics.timers_fired == 4
+    assert result.next_lw_timer == 31
+
+
+def test_low_watermark_timer_never_fires_before_the_input_low_watermark_reaches_it():
+    comp = TimerScript()
+    ex = make_executor(comp)
+    ex.step([deliver("k", [["set", "t", 100, "low_watermark"]])], 0, 0)
+    for lw in (1, 50, 99):
+        ex.step([], lw, wall_time=10**9)  # wall time far ahead must not matter
+        assert comp.log == []
+    ex.step([], 100, 0)
+    assert comp.log == [("k", 100, "t", "low_watermark", 100, 0)]
+
+
+def test_wall_time_timers_follow_the_wall_clock_not_the_low_watermark():
+    comp = TimerScript()
+    ex = make_executor(comp)
+    ex.step([deliver("k", [["set", "w", 1_000, "wall_time"]])], 0, 0)
+    result = ex.step([], END_OF_TIME, 999)  # low watermark at the end of time: irrelevant
+    assert comp.log == [] and result.next_wall_timer == 1_000 and result.next_lw_timer is None
+    result = ex.step([], END_OF_TIME, 1_000)
+    assert comp.log == [("k", 1_000, "w", "wall_time", END_OF_TIME, 1_000)]
+    assert result.next_wall_timer is None
+
+
+def test_timer_set_behind_the_low_watermark_fires_in_the_same_step():
+    comp = TimerScript()
+    ex = make_executor(comp)
+    result = ex.step([deliver("k", [["set", "behind", 40, "low_watermark"],
+                                    ["set", "at", 50, "low_watermark"],
+                                    ["set", "ahead", 51, "low_watermark"]])], 50, 0)
+    assert [(t, tag) for _, t, tag, *_ in comp.log] == [(40, "behind"), (50, "at")]
+    assert result.next_lw_timer == 51
+
+
+def test_timer_set_from_process_timer_behind_watermark_fires_in_the_same_step():
+    comp = TimerScript()
+    ex = make_executor(comp)
+    ex.step([deliver("k", [["set", "c3", 10, "low_watermark"]])], 0, 0)
+    ex.step([], 100, 0)  # c3@10 -> c2@17 -> c1@24 -> c0@31, all due at 100
+    assert [(t, tag) for _, t, tag, *_ in comp.log] == [(10, "c3"), (17, "c2"), (24, "c1"), (31, "c0")]
+
+
+def test_delete_timer_cancels_in_the_same_step_and_across_steps():
+    comp = TimerScript()
+    ex = make_executor(comp)
+    ex.step([deliver("k", [["set", "x", 10, "low_watermark"], ["del", "x"],
+                           ["set", "y", 10, "low_watermark"], ["set", "w", 5, "wall_time"]])], 0, 0)
+    result = ex.step([deliver("k", [["del", "y"], ["del", "w"], ["del", "never-set"]], ts=1)], 0, 0)
+    assert result.next_lw_timer is None and result.next_wall_timer is None
+    ex.step([], END_OF_TIME, 10**12)
+    assert comp.log == []
+
+
+def test_resetting_a_tag_moves_the_timer_later_earlier_and_across_domains():
+    comp = TimerScript()
+    ex = make_executor(comp)
+    ex.step([deliver("k", [["set", "t", 10, "low_watermark"], ["set", "t", 30, "low_watermark"]])], 0, 0)
+    ex.step([], 20, 0)
+    assert comp.log == []  # moved from 10 to 30: nothing at 20
+    ex.step([deliver("k", [["set", "t", 25, "low_watermark"]], ts=21)], 20, 0)
+    ex.step([], 25, 0)
+    assert [(t, tag) for _, t, tag, *_ in comp.log] == [(25, "t")]  # fired once, at its new time
+    ex.step([], 100, 0)
+    assert len(comp.log) == 1
+    # Same tag re-set in the other domain: one timer, now following the wall clock.
+    ex.step([deliver("k", [["set", "u", 200, "low_watermark"], ["set", "u", 50, "wall_time"]], ts=101)], 100, 0)
+    ex.step([], 300, 49)
+    assert len(comp.log) == 1
+    ex.step([], 300, 50)
+    assert comp.log[-1][1:4] == (50, "u", "wall_time")
+
+
+def _random_ops(rng, key_tags, lw, wall, future_only):
+    ops = []
+    for _ in range(rng.randint(1, 4)):
+        tag = rng.choice(key_tags)
+        if rng.random() < 0.2:
+            ops.append(["del", tag])
+            continue
+        domain = rng.choice(["low_watermark", "low_watermark", "wall_time"])
+        clock = lw if domain == "low_watermark" else wall
+        if future_only:
+            time = clock + rng.randint(1, 120)
+        else:
+            time = clock + rng.randint(-60, 120)
+        ops.append(["set", tag, time, domain])
+    return ops
+
+
+@pytest.mark.parametrize("future_only", [True, False])
+@pytest.mark.parametrize("seed", range(4))
+def test_randomized_timers_match_plain_model(seed, future_only):
+    rng = random.Random(1000 * seed + future_only)
+    comp = TimerScript()
+    ex = make_executor(comp, shards=1, pages=3)
+    model = TimerModel()
+    keys = [f"key{i}" for i in range(40)]
+    tags = ["a", "b", "x", "c2", "c3", "zz"]
+    lw, wall, serial = 0, 0, 0
+    for _ in range(60):
+        deliveries, touched = [], []
+        for _ in range(rng.randint(0, 25)):
+            key = rng.choice(keys)
+            ops = _random_ops(rng, tags, lw, wall, future_only)
+            serial += 1
+            deliveries.append(deliver(key, ops, ts=lw, rid=f"r{serial}"))
+            model.apply(key, ops)
+            if key not in touched:
+                touched.append(key)
+        before = len(comp.log)
+        ex.step(deliveries, lw, wall)
+        model.fire(keys, lw, wall)
+        # Every batch of firings for one key within a step is in (time, tag) order per domain-clock.
+        batch = per_key(comp.log[before:])
+        for entries in batch.values():
+            assert [(t, tag) for _, t, tag, *_ in entries] == sorted((t, tag) for _, t, tag, *_ in entries)
+        lw += rng.choice([0, 0, 5, 20, 60])
+        wall += rng.choice([0, 10, 40])
+    ex.step([], END_OF_TIME, 10**12)
+    model.fire(keys, END_OF_TIME, 10**12)
+    assert len(comp.log) > 100
+    assert per_key(comp.log) == per_key(model.log)
+    for _, time, _, domain, lw_at, wall_at in comp.log:
+        assert time <= (lw_at if domain == "low_watermark" else wall_at), "timer fired before it was due"
+    if future_only:
+        # Times set only ahead of their clock: each key's whole history is ordered per domain.
+        for entries in per_key(comp.log).values():
+            for domain in ("low_watermark", "wall_time"):
+                seq = [(t, tag) for _, t, tag, d, *_ in entries if d == domain]
+                assert seq == sorted(seq)
+
+
+def test_timers_of_many_keys_across_pages_are_all_found_via_the_index():
+    comp = TimerScript()
+    ex = make_executor(comp, shards=1, pages=16)
+    keys = [f"k{i}" for i in range(300)]
+    ex.step([deliver(k, [["set", "t", i, "low_watermark"]]) for i, k in enumerate(keys)], -1, 0)
+    result = ex.step([], 149, 0)
+    assert sorted(k for k, *_ in comp.log) == sorted(keys[:150])
+    assert result.next_lw_timer == 150
+    ex.step([], 10_000, 0)
+    assert sorted(k for k, *_ in comp.log) == sorted(keys)
+
+
+# -- exactly-once delivery ---------------------------------------------------------------------------
+class Counter(Computation):
+    count = ValueState("count", default=0)
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str, bool]] = []
+
+    def process_record(self, ctx, record):
+        self.seen.append((record.id, record.value, ctx.is_late))
+        handle = ctx.state(self.count)
+        handle.set(handle.get() + 1)
+
+
+def _count(ex, key):
+    from millstream.core.keystate import Page
+    from millstream.core.plan import route
+    blob = ex.store.load_page(route(key, ex.plan.shards, ex.plan.pages_per_shard)[1])
+    page = Page.loads(blob) if blob else None
+    return page.key_state(key).value(ex.plan.state_specs["count"]) if page else 0
+
+
+def test_duplicates_in_one_step_and_across_steps_are_processed_once():
+    comp = Counter()
+    ex = make_executor(comp)
+    r1 = Delivery("k", "in", Record("k", "a", 1, "id1"))
+    r2 = Delivery("k", "in", Record("k", "b", 1, "id2"))
+    result = ex.step([r1, r1, r2, r1], 0, 0)
+    assert (result.metrics.records, result.metrics.duplicates) == (2, 2)
+    result = ex.step([r2, r1], 0, 0)
+    assert (result.metrics.records, result.metrics.duplicates) == (0, 2)
+    assert [rid for rid, *_ in comp.seen] == ["id1", "id2"]
+    assert _count(ex, "k") == 2
+
+
+def test_dedup_is_per_key_state():
+    # The same id under another key is another key's delivery (ids are unique per record, and a
+    # record goes to one key of a computation): it is not a duplicate of the first key's record.
+    comp = Counter()
+    ex = make_executor(comp)
+    ex.step([Delivery("a", "in", Record("a", "x", 1, "same"))], 0, 0)
+    result = ex.step([Delivery("b", "in", Record("b", "x", 1, "same"))], 0, 0)
+    assert result.metrics.records == 1
+
+
+def test_ids_beyond_the_dedup_horizon_are_forgotten():
+    comp = Counter()
+    ex = make_executor(comp, dedup_horizon_ms=100)
+    rec = Delivery("k", "in", Record("k", "v", 1_000, "dup"))
+    other = Delivery("k", "in", Record("k", "w", 1_000, "other"))
+    ex.step([rec], 1_000, 0)  # seen at low watermark 1000
+    assert ex.step([rec], 1_100, 0).metrics.duplicates == 1  # 100 ms later: still within the horizon
+    ex.step([other], 1_101, 0)  # the key is touched after the horizon passed: "dup" is forgotten
+    result = ex.step([rec], 1_101, 0)
+    assert (result.metrics.records, result.metrics.duplicates) == (1, 0)
+    assert [rid for rid, *_ in comp.seen] == ["dup", "other", "dup"]
+
+
+def test_zero_horizon_still_dedups_within_one_low_watermark():
+    comp = Counter()
+    ex = make_executor(comp, dedup_horizon_ms=0)
+    rec = Delivery("k", "in", Record("k", "v", 5, "dup"))
+    ex.step([rec], 5, 0)
+    assert ex.step([rec], 5, 0).metrics.duplicates == 1
+
+
+# -- lateness ----------------------------------------------------------------------------------------
+def test_late_records_reach_user_code_flagged_and_counted():
+    comp = Counter()
+    ex = make_executor(comp)
+    result = ex.step([
+        Delivery("k", "in", Record("k", "behind", 99, "r1")),
+        Delivery("k", "in", Record("k", "at", 100, "r2")),
+        Delivery("k", "in", Record("k", "ahead", 101, "r3")),
+        Delivery("j", "in", Record("j", "way-behind", BEGINNING_OF_TIME, "r4")),
+    ], 100, 0)
+    assert sorted(comp.seen) == sorted([("r1", "behind", True), ("r2", "at", False), ("r3", "ahead", False),
+                                        ("r4", "way-behind", True)])
+    assert (result.metrics.records, result.metrics.late) == (4, 2)
+
+
+def test_nothing_is_late_at_the_beginning_of_time():
+    comp = Counter()
+    ex = make_executor(comp)
+    result = ex.step([Delivery("k", "in", Record("k", "v", BEGINNING_OF_TIME, "r"))], BEGINNING_OF_TIME, 0)
+    assert result.metrics.late == 0
+
+
+# -- production ids ----------------------------------------------------------------------------------
+class Emitter(Computation):
+    """Produces two records per input and, from a timer, two more."""
+
+    def process_record(self, ctx, record):
+        assert ctx.input_stream == "in" and ctx.key == record.key
+        ctx.produce(Record(record.key, f"{record.value}-0", record.timestamp), "out")
+        ctx.produce(Record(record.key, f"{record.value}-1", record.timestamp), "side")
+        ctx.set_timer(f"flush-{record.value}", record.timestamp + 10)
+
+    def process_timer(self, ctx, timer):
+        ctx.produce(Record(ctx.key, f"t{timer.time}-0", timer.time), "out")
+        ctx.produce(Record(ctx.key, f"t{timer.time}-1", timer.time), "out")
+
+
+def _emitter_run():
+    ex = make_executor(Emitter(), outputs=("out", "side"))
+    ids = []
+    for step, lw in enumerate((0, 15, 40, 100)):
+        deliveries = [deliver(k, f"v{step}", ts=lw + 1, rid=f"{k}-{step}") for k in ("a", "b", "c")]
+        ids += [(p.stream, p.key, p.value, p.id) for p in ex.step(deliveries, lw, 0).productions]
+    ids += [(p.stream, p.key, p.value, p.id) for p in ex.step([], END_OF_TIME, 0).productions]
+    return ids
+
+
+def test_production_ids_are_deterministic_and_unique():
+    first, second = _emitter_run(), _emitter_run()
+    assert first == second
+    assert len(first) == 3 * 4 * 2 + 3 * 4 * 2  # 2 per record, 2 per timer
+    assert len({i for *_, i in first}) == len(first), "two productions share an id"
+
+
+def test_production_ids_follow_documented_derivation():
+    ex = make_executor(Emitter(), outputs=("out", "side"), name="emit")
+    result = ex.step([Delivery("a", "in", Record("a", "v", 1, "cause-1"))], 0, 0)
+    assert [p.id for p in result.productions] == [
+        derive_record_id("emit", "r:cause-1", 0), derive_record_id("emit", "r:cause-1", 1)]
+    # Different cause or different producer -> different id.
+    assert derive_record_id("emit", "r:cause-1", 0) != derive_record_id("emit", "r:cause-2", 0)
+    assert derive_record_id("emit", "r:cause-1", 0) != derive_record_id("other", "r:cause-1", 0)
+
+
+def test_timer_production_ids_stay_unique_after_key_state_is_garbage_collected():
+    """A key whose state, timers and dedup ids are all gone is dropped from its page. The timers it
+    fires later must still produce fresh ids, or a consumer that still remembers the earlier ids would
+    discard the new records as duplicates (window after window of a per-key aggregation)."""
+
+    class Window(Computation):
+        def process_record(self, ctx, record):
+            ctx.set_timer("end", record.timestamp)
+
+        def process_timer(self, ctx, timer):
+            ctx.produce(Record(ctx.key, timer.time, timer.time), "out")
+
+    ex = make_executor(Window(), dedup_horizon_ms=10)
+    ids = []
+    for n in range(5):
+        t = 1_000 * (n + 1)
+        ex.step([deliver("k", n, ts=t, rid=f"r{n}")], t - 900, 0)
+        # Fires at t; the record id (seen at t - 900) is past the horizon and forgotten, so the key
+        # has no state, no timers and no ids left.
+        ids += [p.id for p in ex.step([], t, 0).productions]
+    assert len(ids) == 5
+    assert len(set(ids)) == 5, "a timer production reused the id of an earlier one"
+
+
+# -- context misuse ----------------------------------------------------------------------------------
+class Misuse(Computation):
+    declared = ValueState("declared")
+
+    def __init__(self, action) -> None:
+        self.action = action
+
+    def process_record(self, ctx, record):
+        self.action(ctx)
+
+
+@pytest.mark.parametrize("action, message", [
+    (lambda ctx: ctx.state(ListState("declared")), r"'comp'.*not declared"),  # same name, other kind
+    (lambda ctx: ctx.state(ValueState("nowhere")), r"'comp'.*not declared"),
+    (lambda ctx: ctx.state("declared"), r"'comp'.*not declared"),
+    (lambda ctx: ctx.state(None), r"'comp'.*not declared"),
+    (lambda ctx: ctx.produce(Record("k", 1, 1), "undeclared"), r"'comp'.*'undeclared'.*\['out'\]"),
+    (lambda ctx: ctx.produce(("k", 1, 1), "out"), r"comp.*Record"),
+    (lambda ctx: ctx.produce(Record(5, 1, 1), "out"), r"comp.*key must be str"),
+    (lambda ctx: ctx.produce(Record("k", 1, 1.5), "out"), r"comp.*timestamp"),
+    (lambda ctx: ctx.produce(Record("k", 1, True), "out"), r"comp.*timestamp"),
+    (lambda ctx: ctx.set_timer(3, 10), r"comp.*tag must be str"),
+    (lambda ctx: ctx.set_timer("t", 10.0), r"comp.*'t'.*int milliseconds"),
+    (lambda ctx: ctx.set_timer("t", END_OF_TIME + 1), r"comp.*'t'.*out of range"),
+])
+def test_context_misuse_raises_a_clear_computation_error(action, message):
+    ex = make_executor(Misuse(action))
+    with pytest.raises(ComputationError, match=message):
+        ex.step([deliver("k", 1)], 0, 0)
+
+
+def test_failed_step_writes_nothing():
+    class FailOnBoom(Computation):
+        count = ValueState("count", default=0)
+
+        def process_record(self, ctx, record):
+            ctx.state(self.count).set(ctx.state(self.count).get() + 1)
+            ctx.set_timer("t", 100)
+            if record.value == "boom":
+                raise RuntimeError("user bug")
+
+    ex = make_executor(FailOnBoom())
+    ex.step([deliver("k", "ok", rid="a")], 0, 0)
+    snapshot = (ex.store.index, dict(ex.store.pages))
+    with pytest.raises(RuntimeError, match="user bug"):
+        ex.step([deliver("k", "ok2", rid="b"), deliver("k", "boom", rid="c")], 0, 0)
+    assert (ex.store.index, ex.store.pages) == snapshot
+    # The failed records were not marked seen: a retry processes them.
+    result = ex.step([deliver("k", "ok2", rid="b")], 0, 0)
+    assert result.metrics.records == 1 and _count(ex, "k") == 2
+
+
+def test_a_timer_that_rearms_itself_behind_the_watermark_is_stopped_with_a_clear_error():
+    import pytest
+
+    from millstream import Computation, Pipeline, Record, ScriptedInjector
+    from millstream.core.executor import ComputationError
+    from millstream.testing import PipelineHarness
+
+    class Forever(Computation):
+        def process_record(self, ctx, record):
+            ctx.set_timer("t", 0)
+
+        def process_timer(self, ctx, timer):
+            ctx.set_timer("t", 0)  # behind the watermark: due again at once
+
+    pipeline = (Pipeline("loop").add_injector("src", ScriptedInjector("src", [([Record("k", 1, 5)], 10)]), "in")
+                .add_computation("forever", Forever(), ["in"]))
+    harness = PipelineHarness(pipeline)
+    with pytest.raises(ComputationError, match="re-sets itself"):
+        harness.run_injectors()
+
+
+def test_set_false_is_not_confused_with_a_default_of_zero():
+    from millstream import Computation, Pipeline, Record, ScriptedInjector, ValueState
+    from millstream.testing import PipelineHarness
+
+    class Flag(Computation):
+        flag = ValueState("flag", default=0)
+
+        def process_record(self, ctx, record):
+            ctx.state(self.flag).set(False)
+
+    pipeline = (Pipeline("flags").add_injector("src", ScriptedInjector("src", [([Record("k", 1, 5)], 10)]), "in")
+                .add_computation("flag", Flag(), ["in"]))
+    harness = PipelineHarness(pipeline)
+    harness.run_injectors()
+    assert harness.state("flag", "k")["flag"] is False

@@ -1,0 +1,218 @@
+"""Pipeline wiring errors surface as PipelineError with messages naming the user's own objects."""
+
+from __future__ import annotations
+
+import pytest
+
+from millstream import Computation, PickleCodec, Pipeline, PipelineError, Record, ScriptedInjector
+from millstream.testing import PipelineHarness
+
+
+class Noop(Computation):
+    pass
+
+
+def base() -> Pipeline:
+    return Pipeline("p").add_injector("src", ScriptedInjector("src", []), "events")
+
+
+def test_a_well_wired_pipeline_validates_and_orders_topologically():
+    p = (
+        base()
+        .add_computation("last", Noop(), ["mid"])
+        .add_computation("first", Noop(), ["events"], ["mid"])
+        .add_sink("out", "mid", "/tmp/x")
+    )
+    p.validate()
+    assert p.topological_order() == ["first", "last"]
+    assert p.producers("mid") == ["first"] and p.consumers("events") == ["first"]
+
+
+@pytest.mark.parametrize("build, message", [
+    (lambda p: p.add_computation("src", Noop(), ["events"]), r"name 'src' is used twice in pipeline 'p'"),
+    (lambda p: p.add_computation("c", Noop(), ["events"]).add_computation("c", Noop(), ["events"]),
+     r"name 'c' is used twice"),
+    (lambda p: p.add_computation("c", Noop(), ["events"]).add_sink("c", "events", "/tmp/x"), r"'c' is used twice"),
+    (lambda p: p.add_injector("src", ScriptedInjector("x", []), "other"), r"'src' is used twice"),
+])
+def test_duplicate_names(build, message):
+    with pytest.raises(PipelineError, match=message):
+        build(base())
+
+
+@pytest.mark.parametrize("bad", ["", "1abc", "has space", "slash/name", "dot.name", "x" * 65, None, 7])
+def test_bad_names_are_rejected_everywhere(bad):
+    msg = r"name .* is invalid: use 1-64 letters"
+    with pytest.raises(PipelineError, match=msg):
+        Pipeline(bad)
+    with pytest.raises(PipelineError, match=msg):
+        base().add_computation(bad, Noop(), ["events"])
+    with pytest.raises(PipelineError, match=msg):
+        base().add_computation("c", Noop(), [bad])
+    with pytest.raises(PipelineError, match=msg):
+        base().add_computation("c", Noop(), ["events"], [bad])
+    with pytest.raises(PipelineError, match=msg):
+        base().add_injector("i2", ScriptedInjector("i2", []), bad)
+    with pytest.raises(PipelineError, match=msg):
+        base().add_sink(bad, "events", "/tmp/x")
+    with pytest.raises(PipelineError, match=msg):
+        base().declare_stream(bad, PickleCodec())
+
+
+def test_name_limits_accept_valid_names():
+    Pipeline("a").add_injector("A-b_9", ScriptedInjector("x", []), "s" + "x" * 63)
+
+
+def test_bad_stream_name_of_a_sink_is_rejected():
+    with pytest.raises(PipelineError, match=r"stream name 'bad name' is invalid"):
+        base().add_sink("sink", "bad name", "/tmp/x")
+
+
+def test_unknown_input_stream_names_computation_stream_and_known_streams():
+    p = base().add_computation("counter", Noop(), ["evnets"])  # typo
+    with pytest.raises(PipelineError, match=r"computation 'counter' reads stream 'evnets', which no injector or "
+                                            r"computation produces \(known streams: \['events'\]\)"):
+        p.validate()
+
+
+def test_stream_with_no_producer_in_a_chain():
+    p = base().add_computation("a", Noop(), ["events"], ["mid"]).add_computation("b", Noop(), ["nobody"])
+    with pytest.raises(PipelineError, match=r"'b' reads stream 'nobody'.*known streams: \['events', 'mid'\]"):
+        p.validate()
+
+
+def test_harness_refuses_an_invalid_pipeline():
+    with pytest.raises(PipelineError, match="'nobody'"):
+        PipelineHarness(base().add_computation("b", Noop(), ["nobody"]))
+
+
+def test_no_injector():
+    with pytest.raises(PipelineError, match=r"pipeline 'empty' has no injector"):
+        Pipeline("empty").validate()
+
+
+def test_sink_on_unknown_stream():
+    p = base().add_sink("out", "nothing", "/tmp/x")
+    with pytest.raises(PipelineError, match=r"sink 'out' reads stream 'nothing', which nothing produces "
+                                            r"\(known streams: \['events'\]\)"):
+        p.validate()
+
+
+def test_sink_format():
+    with pytest.raises(PipelineError, match=r"sink 'out': format must be 'jsonl' or 'parquet', got 'csv'"):
+        base().add_sink("out", "events", "/tmp/x", format="csv")
+
+
+@pytest.mark.parametrize("obj, shown", [
+    (Noop, "ABCMeta"),  # the class instead of an instance
+    (lambda ctx, r: None, "function"),
+    (object(), "object"),
+])
+def test_non_computation_objects(obj, shown):
+    with pytest.raises(PipelineError, match=rf"computation 'c' must be an instance of a millstream.Computation "
+                                            rf"subclass, got {shown}"):
+        base().add_computation("c", obj, ["events"])
+
+
+def test_non_injector_object():
+    with pytest.raises(PipelineError, match=r"injector 'i' must be a millstream.Injector, got list"):
+        Pipeline("p").add_injector("i", [Record("k", 1, 1)], "s")
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"inputs": "events"}, r"inputs of 'c' must be a list or mapping of stream names, not a string"),
+    ({"inputs": []}, r"computation 'c' has no input stream"),
+    ({"inputs": {"events": "not callable"}}, r"key extractor of 'c' for stream 'events' is not callable"),
+    ({"inputs": ["events"], "outputs": "out"}, r"outputs of 'c' must be a list of stream names, not a string"),
+    ({"inputs": ["events"], "outputs": ["o", "o"]}, r"computation 'c' lists an output stream twice"),
+    ({"inputs": ["events"], "production": "medium"}, r"production of 'c' must be 'strong' or 'weak', got 'medium'"),
+    ({"inputs": ["events"], "dedup_horizon_ms": -1}, r"dedup_horizon_ms of 'c' must be >= 0"),
+])
+def test_add_computation_argument_errors(kwargs, message):
+    with pytest.raises(PipelineError, match=message):
+        base().add_computation("c", Noop(), **kwargs)
+
+
+def test_cycle_is_reported():
+    p = base().add_computation("a", Noop(), ["events", "back"], ["fwd"]).add_computation("b", Noop(), ["fwd"], ["back"])
+    p.validate()  # every stream has a producer...
+    with pytest.raises(PipelineError, match=r"cycle through computation '(a|b)'"):
+        p.topological_order()  # ...but the graph loops
+    with pytest.raises(PipelineError, match="cycle"):
+        PipelineHarness(p)
+
+
+def test_self_loop_is_a_cycle():
+    p = base().add_computation("a", Noop(), ["events", "loop"], ["loop"])
+    with pytest.raises(PipelineError, match=r"cycle through computation 'a'"):
+        p.topological_order()
+
+
+def test_codec_for_unused_stream():
+    p = base().declare_stream("ghost", PickleCodec())
+    with pytest.raises(PipelineError, match=r"codec declared for stream 'ghost', which no node uses"):
+        p.validate()
+    with pytest.raises(PipelineError, match=r"codec for stream 'x' needs encode\(\) and decode\(\)"):
+        base().declare_stream("x", object())
+
+
+def test_weak_productions_need_exactly_one_consumer_and_no_sink():
+    ok = base().add_computation("a", Noop(), ["events"], ["mid"], production="weak").add_computation(
+        "b", Noop(), ["mid"])
+    ok.validate()
+    fan_out = base().add_computation("a", Noop(), ["events"], ["mid"], production="weak")
+    fan_out.add_computation("b", Noop(), ["mid"]).add_computation("c", Noop(), ["mid"])
+    with pytest.raises(PipelineError, match=r"weak productions of 'a' need exactly one consuming computation.*"
+                                            r"\['b', 'c'\]"):
+        fan_out.validate()
+    sunk = base().add_computation("a", Noop(), ["events"], ["mid"], production="weak")
+    sunk.add_computation("b", Noop(), ["mid"]).add_sink("s", "mid", "/tmp/x")
+    with pytest.raises(PipelineError, match=r"weak productions of 'a'.*no sink"):
+        sunk.validate()
+
+
+# -- key extractors --------------------------------------------------------------------------------
+def _extractor_harness(extractor):
+    p = base().add_computation("counter", Noop(), {"events": extractor})
+    return PipelineHarness(p)
+
+
+def test_key_extractor_returning_a_non_str_names_computation_and_stream():
+    h = _extractor_harness(lambda r: r.value["user"])
+    with pytest.raises(PipelineError, match=r"key extractor of computation 'counter' for stream 'events' returned "
+                                            r"int 42; keys must be str"):
+        h.feed("src", [Record("k", {"user": 42}, 0)])
+
+
+def test_raising_key_extractor_names_computation_stream_and_record():
+    h = _extractor_harness(lambda r: r.value["user"])
+    with pytest.raises(PipelineError, match=r"key extractor of computation 'counter' for stream 'events' failed on "
+                                            r"record 'rec-1': KeyError: 'user'") as info:
+        h.feed("src", [Record("k", {"name": "x"}, 0, "rec-1")])
+    assert isinstance(info.value.__cause__, KeyError)
+
+
+def test_bad_extractor_on_a_computation_output_is_reported_when_produced():
+    class Fwd(Computation):
+        def process_record(self, ctx, record):
+            ctx.produce(Record(record.key, None, record.timestamp), "mid")
+
+    p = base().add_computation("fwd", Fwd(), ["events"], ["mid"]).add_computation(
+        "down", Noop(), {"mid": lambda r: r.value})
+    h = PipelineHarness(p)
+    h.feed("src", [Record("k", 1, 0)])
+    with pytest.raises(PipelineError, match=r"computation 'down' for stream 'mid' returned NoneType"):
+        h.run()
+
+
+def test_default_key_extractor_uses_the_record_key():
+    seen = []
+
+    class Keys(Computation):
+        def process_record(self, ctx, record):
+            seen.append(ctx.key)
+
+    h = PipelineHarness(base().add_computation("c", Keys(), {"events": None}))
+    h.feed("src", [Record("alpha", 1, 0), Record("beta", 2, 0)])
+    h.run()
+    assert sorted(seen) == ["alpha", "beta"]

@@ -1,0 +1,402 @@
+"""Per-key persistent state: Value/List/Map handles, codecs, persistence across steps, isolation."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import pytest
+
+from millstream import (
+    Computation,
+    JsonCodec,
+    ListState,
+    MapState,
+    PickleCodec,
+    Pipeline,
+    PipelineError,
+    Record,
+    ScriptedInjector,
+    ValueState,
+)
+from millstream.core.executor import ComputationError
+from millstream.testing import PipelineHarness
+
+
+class TupleCodec:
+    """A user codec: tuples of ints as comma-separated text (JSON would turn them into lists)."""
+
+    def __init__(self) -> None:
+        self.encoded = 0
+        self.decoded = 0
+
+    def encode(self, value):
+        self.encoded += 1
+        return ",".join(str(v) for v in value).encode()
+
+    def decode(self, data):
+        self.decoded += 1
+        text = bytes(data).decode()
+        return tuple(int(v) for v in text.split(",")) if text else ()
+
+
+@dataclass(frozen=True)
+class Point:
+    x: int
+    y: int
+
+
+TUPLES = TupleCodec()
+
+
+class Scripted(Computation):
+    """record.value names a script entry: fn(ctx, self) -> anything; results are recorded."""
+
+    v_json = ValueState("v_json")
+    v_pickle = ValueState("v_pickle", codec=PickleCodec())
+    v_custom = ValueState("v_custom", codec=TUPLES, default=())
+    v_counter = ValueState("v_counter", default=0)
+    v_mutable = ValueState("v_mutable", default=[])
+    l_json = ListState("l_json")
+    l_pickle = ListState("l_pickle", codec=PickleCodec())
+    l_custom = ListState("l_custom", codec=TUPLES)
+    m_json = MapState("m_json")
+    m_mixed = MapState("m_mixed", key_codec=PickleCodec(), value_codec=TUPLES)
+
+    def __init__(self, script) -> None:
+        self.script = script
+        self.results: list[tuple[str, str, object]] = []
+
+    def process_record(self, ctx, record):
+        self.results.append((ctx.key, record.value, self.script[record.value](ctx, self)))
+
+
+def harness_for(computation, **kwargs) -> PipelineHarness:
+    pipeline = (
+        Pipeline("state")
+        .add_injector("src", ScriptedInjector("src", []), "in")
+        .add_computation("c", computation, ["in"], [], **kwargs)
+    )
+    return PipelineHarness(pipeline, shards=2, pages_per_shard=2)
+
+
+def run(h: PipelineHarness, *commands: tuple[str, str]) -> None:
+    h.feed("src", [Record(key, name, 0) for key, name in commands])
+    h.run()
+
+
+def results(comp, name):
+    return {key: value for key, cmd, value in comp.results if cmd == name}
+
+
+def write_all(ctx, c):
+    ctx.state(c.v_json).set({"n": 1, "tags": ["a", "b"]})
+    ctx.state(c.v_pickle).set({Point(1, 2), (3, 4)})
+    ctx.state(c.v_custom).set((7, 8, 9))
+    ctx.state(c.l_json).append({"x": 1})
+    ctx.state(c.l_json).append([2, 3])
+    ctx.state(c.l_pickle).set([Point(0, 0), (1, 2)])
+    ctx.state(c.l_custom).append((1,))
+    ctx.state(c.l_custom).append((2, 3))
+    m = ctx.state(c.m_json)
+    m.put("a", 1)
+    m.put(2, [3])  # JSON key codec round-trips int keys as ints
+    ctx.state(c.m_mixed).put(Point(5, 6), (5, 6))
+
+
+def read_all(ctx, c):
+    return {
+        "v_json": ctx.state(c.v_json).get(),
+        "v_pickle": ctx.state(c.v_pickle).get(),
+        "v_custom": ctx.state(c.v_custom).get(),
+        "l_json": ctx.state(c.l_json).get(),
+        "l_pickle": ctx.state(c.l_pickle).get(),
+        "l_custom": ctx.state(c.l_custom).get(),
+        "m_json": dict(ctx.state(c.m_json).items()),
+        "m_mixed": dict(ctx.state(c.m_mixed).items()),
+    }
+
+
+EXPECTED = {
+    "v_json": {"n": 1, "tags": ["a", "b"]},
+    "v_pickle": {Point(1, 2), (3, 4)},
+    "v_custom": (7, 8, 9),
+    "l_json": [{"x": 1}, [2, 3]],
+    "l_pickle": [Point(0, 0), (1, 2)],
+    "l_custom": [(1,), (2, 3)],
+    "m_json": {"a": 1, 2: [3]},
+    "m_mixed": {Point(5, 6): (5, 6)},
+}
+
+
+def test_every_handle_and_codec_round_trips_through_persistence():
+    comp = Scripted({"write": write_all, "read": read_all})
+    h = harness_for(comp)
+    TUPLES.encoded = TUPLES.decoded = 0
+    run(h, ("k", "write"))
+    assert TUPLES.encoded > 0, "custom codec not used to persist"
+    run(h, ("k", "read"))  # a later step: everything comes back from the persisted bytes
+    assert TUPLES.decoded > 0, "custom codec not used to restore"
+    assert results(comp, "read")["k"] == EXPECTED
+    assert h.state("c", "k") == EXPECTED
+
+
+def test_persisted_bytes_are_the_declared_codecs_output():
+    comp = Scripted({"write": write_all})
+    h = harness_for(comp)
+    run(h, ("k", "write"))
+    stored = h._key_state(h._run("c"), "k").encoded
+    assert stored["v_json"] == JsonCodec().encode(EXPECTED["v_json"])
+    assert stored["v_custom"] == b"7,8,9"
+    assert stored["l_custom"] == [b"1", b"2,3"]
+    assert stored["m_mixed"] == [(PickleCodec().encode(Point(5, 6)), b"5,6")]
+
+
+def test_state_of_one_key_is_invisible_to_another():
+    comp = Scripted({"write": write_all, "read": read_all})
+    h = harness_for(comp)
+    run(h, ("a", "write"))
+    run(h, ("b", "read"), ("a", "read"))
+    assert results(comp, "read")["a"] == EXPECTED
+    assert results(comp, "read")["b"] == {
+        "v_json": None, "v_pickle": None, "v_custom": (), "l_json": [], "l_pickle": [],
+        "l_custom": [], "m_json": {}, "m_mixed": {},
+    }
+    assert h.state("c", "b") == {}
+
+
+def test_counter_survives_steps_per_key():
+    def incr(ctx, c):
+        handle = ctx.state(c.v_counter)
+        handle.set(handle.get() + 1)
+        return handle.get()
+
+    comp = Scripted({"incr": incr})
+    h = harness_for(comp)
+    for _ in range(5):
+        run(h, ("a", "incr"), ("b", "incr"), ("a", "incr"))
+    assert h.state("c", "a") == {"v_counter": 10}
+    assert h.state("c", "b") == {"v_counter": 5}
+
+
+def test_clear_works_for_every_handle_and_removes_persisted_data():
+    def clear(ctx, c):
+        for spec in (c.v_json, c.v_pickle, c.v_custom, c.l_json, c.l_pickle, c.l_custom, c.m_json, c.m_mixed):
+            ctx.state(spec).clear()
+        return read_all(ctx, c)  # read after clear in the same step
+
+    comp = Scripted({"write": write_all, "clear": clear, "read": read_all})
+    h = harness_for(comp)
+    run(h, ("k", "write"))
+    run(h, ("k", "clear"))
+    empty = {"v_json": None, "v_pickle": None, "v_custom": (), "l_json": [], "l_pickle": [],
+             "l_custom": [], "m_json": {}, "m_mixed": {}}
+    assert results(comp, "clear")["k"] == empty
+    assert h.state("c", "k") == {}
+    run(h, ("k", "read"))
+    assert results(comp, "read")["k"] == empty
+
+
+def test_clear_then_write_in_the_same_step_keeps_only_the_new_data():
+    def rewrite(ctx, c):
+        ctx.state(c.l_json).clear()
+        ctx.state(c.l_json).append("fresh")
+        ctx.state(c.m_json).clear()
+        ctx.state(c.m_json).put("only", 1)
+        ctx.state(c.v_json).clear()
+        ctx.state(c.v_json).set("new")
+
+    comp = Scripted({"write": write_all, "rewrite": rewrite})
+    h = harness_for(comp)
+    run(h, ("k", "write"))
+    run(h, ("k", "rewrite"))
+    state = h.state("c", "k")
+    assert state["l_json"] == ["fresh"] and state["m_json"] == {"only": 1} and state["v_json"] == "new"
+
+
+def test_in_place_mutation_is_persisted_and_mutable_defaults_are_not_shared():
+    def mutate(ctx, c):
+        ctx.state(c.v_mutable).get().append(ctx.key)
+        ctx.state(c.l_json).get().append("in-place")
+
+    comp = Scripted({"mutate": mutate})
+    h = harness_for(comp)
+    run(h, ("a", "mutate"))
+    run(h, ("b", "mutate"))
+    run(h, ("a", "mutate"))
+    assert h.state("c", "a") == {"v_mutable": ["a", "a"], "l_json": ["in-place", "in-place"]}
+    assert h.state("c", "b") == {"v_mutable": ["b"], "l_json": ["in-place"]}
+    assert Scripted.v_mutable.default == []
+
+
+def test_map_handle_operations():
+    def ops(ctx, c):
+        m = ctx.state(c.m_json)
+        m.put("a", 1)
+        m.put("b", 2)
+        m.put("a", 3)
+        m.remove("b")
+        m.remove("never")
+        return (m.get("a"), m.get("b"), m.get("b", "dflt"), m.contains("a"), m.contains("b"),
+                sorted(m.keys()), sorted(m.items()), len(m))
+
+    comp = Scripted({"ops": ops})
+    h = harness_for(comp)
+    run(h, ("k", "ops"))
+    assert results(comp, "ops")["k"] == (3, None, "dflt", True, False, ["a"], [("a", 3)], 1)
+    assert h.state("c", "k") == {"m_json": {"a": 3}}
+
+
+def test_reading_defaults_stores_nothing():
+    comp = Scripted({"peek": read_all})
+    h = harness_for(comp)
+    run(h, ("k", "peek"))
+    assert h.state("c", "k") == {}
+
+
+def test_unserializable_value_with_json_codec_names_the_fix():
+    def bad(ctx, c):
+        ctx.state(c.v_json).set({1, 2})
+
+    h = harness_for(Scripted({"bad": bad}))
+    h.feed("src", [Record("k", "bad", 0)])
+    with pytest.raises(TypeError, match="PickleCodec"):
+        h.run()
+
+
+def test_undeclared_state_is_a_computation_error_naming_the_computation():
+    stray = ValueState("stray")
+    h = harness_for(Scripted({"stray": lambda ctx, c: ctx.state(stray)}))
+    h.feed("src", [Record("k", "stray", 0)])
+    with pytest.raises(ComputationError, match=r"computation 'c'.*stray.*not declared"):
+        h.run()
+
+
+def test_state_declared_on_a_base_class_is_usable_and_duplicate_names_are_rejected():
+    class Base(Computation):
+        total = ValueState("total", default=0)
+
+    class Child(Base):
+        items = ListState("items")
+
+        def process_record(self, ctx, record):
+            ctx.state(self.total).set(ctx.state(self.total).get() + record.value)
+            ctx.state(self.items).append(record.value)
+
+    h = harness_for(Child())
+    h.feed("src", [Record("k", 2, 0), Record("k", 3, 0)])
+    h.run()
+    assert h.state("c", "k") == {"total": 5, "items": [2, 3]}
+
+    class Clash(Computation):
+        one = ValueState("same")
+        two = ListState("same")
+
+    with pytest.raises(PipelineError, match=r"Clash.*two states named 'same'"):
+        harness_for(Clash())
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_randomized_state_operations_match_a_plain_model(seed):
+    rng = random.Random(seed)
+    model: dict[str, dict] = {}
+
+    def apply(ctx, c):
+        op = c.ops.pop(0)
+        key = ctx.key
+        mine = model.setdefault(key, {"v": 0, "l": [], "m": {}})
+        kind = op[0]
+        if kind == "add":
+            ctx.state(c.v_counter).set(ctx.state(c.v_counter).get() + op[1])
+            mine["v"] += op[1]
+        elif kind == "append":
+            ctx.state(c.l_json).append(op[1])
+            mine["l"].append(op[1])
+        elif kind == "put":
+            ctx.state(c.m_json).put(op[1], op[2])
+            mine["m"][op[1]] = op[2]
+        elif kind == "remove":
+            ctx.state(c.m_json).remove(op[1])
+            mine["m"].pop(op[1], None)
+        elif kind == "clear_list":
+            ctx.state(c.l_json).clear()
+            mine["l"] = []
+        elif kind == "clear_value":
+            ctx.state(c.v_counter).clear()
+            mine["v"] = 0
+        return None
+
+    comp = Scripted({"apply": apply})
+    comp.ops = []
+    h = harness_for(comp)
+    keys = [f"k{i}" for i in range(25)]
+    for _ in range(30):
+        batch = []
+        for _ in range(rng.randint(1, 20)):
+            kind = rng.choice(["add", "append", "put", "remove", "clear_list", "clear_value"])
+            comp.ops.append((kind, rng.randint(1, 9), rng.randint(0, 99)) if kind != "put"
+                            else (kind, rng.choice("abcde"), rng.randint(0, 99)))
+            if kind == "remove":
+                comp.ops[-1] = (kind, rng.choice("abcde"))
+            batch.append(Record(rng.choice(keys), "apply", 0))
+        # The harness groups deliveries per key, so apply ops in the order user code will see them.
+        h.feed("src", batch)
+        h.run()
+    assert comp.ops == []
+    for key in keys:
+        mine = model.get(key, {"v": 0, "l": [], "m": {}})
+        expected = {}
+        if mine["v"]:
+            expected["v_counter"] = mine["v"]
+        if mine["l"]:
+            expected["l_json"] = mine["l"]
+        if mine["m"]:
+            expected["m_json"] = mine["m"]
+        assert h.state("c", key) == expected, key
+
+
+class Tally(Computation):
+    """Module level, so the computation (and a plan holding it) pickles like on Spark workers."""
+
+    pairs = ValueState("pairs", codec=TUPLES, default=())
+    names = MapState("names", value_codec=PickleCodec())
+
+    def process_record(self, ctx, record):
+        ctx.state(self.pairs).set(ctx.state(self.pairs).get() + (record.value,))
+        ctx.state(self.names).put(record.value, Point(record.value, record.value))
+
+
+def test_state_works_with_a_pickled_plan_as_on_spark_workers():
+    import pickle
+
+    from millstream.core.executor import Delivery, MemoryShardStore, ShardExecutor
+    from millstream.core.plan import plan_computation
+
+    p = Pipeline("p").add_injector("src", ScriptedInjector("src", []), "in").add_computation("c", Tally(), ["in"])
+    store = MemoryShardStore()
+    for step in range(3):
+        # A fresh copy of the plan every step, as a worker deserializes it: its specs are copies,
+        # not the class attributes user code passes to ctx.state.
+        plan = pickle.loads(pickle.dumps(plan_computation(p, "c", 1, 2)))
+        ShardExecutor(plan, store).step([Delivery("k", "in", Record("k", step, 0, f"r{step}"))], 0, 0)
+    from millstream.core.keystate import Page
+    from millstream.core.plan import route
+    state = Page.loads(store.load_page(route("k", 1, 2)[1])).key_state("k")
+    assert state.encoded["pairs"] == b"0,1,2"
+    assert state.value(Tally.names) == {0: Point(0, 0), 1: Point(1, 1), 2: Point(2, 2)}
+
+
+def test_a_same_named_spec_uses_the_declared_codec():
+    inline = ValueState("v_custom")  # same name and kind as the declared one, default JSON codec
+
+    def write(ctx, c):
+        ctx.state(c.v_custom).set((1, 2))
+
+    def read(ctx, c):
+        return ctx.state(inline).get()
+
+    comp = Scripted({"write": write, "read": read})
+    h = harness_for(comp)
+    run(h, ("k", "write"))
+    run(h, ("k", "read"))
+    assert results(comp, "read")["k"] == (1, 2)
