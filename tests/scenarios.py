@@ -56,10 +56,10 @@ class MinuteTotals(Computation):
         totals.put(span, totals.get(span, 0) + record.value["count"])
         if span not in ctx.state(self.spans).get():
             ctx.state(self.spans).append(span)
-        ctx.set_timer(f"s{span}", span + 10_000)
+        ctx.set_timer(f"s{span}", span + 10_000 + 1)  # windows are stamped with their end
 
     def process_timer(self, ctx, timer):
-        span = timer.time - 10_000
+        span = timer.time - 10_000 - 1
         emitted = ctx.state(self.emitted)
         emitted.set(emitted.get() + 1)
         total = ctx.state(self.totals).get(span)

@@ -261,13 +261,15 @@ def test_dedup_horizon_forgets_ids_documented_behaviour():
     h.feed("src", [Record("k", "a", 0, "dup")], watermark=1_000)  # within the horizon
     h.run()
     assert h.metrics("count").duplicates == 1
-    # After the low watermark moved more than the horizon past the id's arrival and the key was
-    # touched, the id is forgotten: a duplicate this late is processed again.
+    # After the low watermark moved more than the horizon past the later of the id's arrival and its
+    # timestamp, and the key was touched, the id is forgotten: a duplicate this late is processed again.
     h.feed("src", [Record("k", "b", 2_000, "other")], watermark=2_000)
+    h.run()
+    h.feed("src", [Record("k", "c", 2_000, "third")], watermark=3_000)
     h.run()
     h.feed("src", [Record("k", "a", 0, "dup")])
     h.run()
-    assert h.metrics("count").records == 3 and h.state("count", "k") == {"n": 3}
+    assert h.metrics("count").records == 4 and h.state("count", "k") == {"n": 4}
 
 
 def test_consecutive_windows_of_one_key_all_reach_the_consumer():

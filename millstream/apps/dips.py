@@ -54,11 +54,13 @@ class DipDetector(Computation):
         bucket = record.value["bucket"]
         ctx.state(self.counts).put(bucket, record.value["count"])
         # Judge this bucket, and the next one too: a bucket with no records produces no window.
+        # A window is stamped with its bucket's end; a low-watermark timer at T only promises that
+        # records stamped before T are in, so the bucket is judged at its end + 1 ms.
         for judged in (bucket, bucket + BUCKET_MS):
-            ctx.set_timer(f"d{judged}", judged + BUCKET_MS)
+            ctx.set_timer(f"d{judged}", judged + BUCKET_MS + 1)
 
     def process_timer(self, ctx: Context, timer: Timer) -> None:
-        bucket = timer.time - BUCKET_MS
+        bucket = timer.time - BUCKET_MS - 1
         counts = ctx.state(self.counts)
         dip = judge(bucket, {b: c for b, c in counts.items()})
         if dip is not None:
@@ -124,11 +126,13 @@ def hash_pair(key: str, bucket: int) -> int:
 
 
 def build_pipeline(spec: TrafficSpec, records_per_second: float | None = None,
-                   sink_dir: str | None = None) -> Pipeline:
+                   sink_dir: str | None = None, windower_production: str = "strong") -> Pipeline:
+    """With windower_production="weak" the windower runs fused into the dip detector's query and its
+    windows are not logged."""
     pipeline = (
         Pipeline("dips")
         .add_injector("traffic", spec.injector(records_per_second), "events")
-        .add_computation("windower", Windower(), ["events"], ["windows"])
+        .add_computation("windower", Windower(), ["events"], ["windows"], production=windower_production)
         .add_computation("dip_detector", DipDetector(), ["windows"], ["dips"])
     )
     if sink_dir:

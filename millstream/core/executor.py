@@ -341,7 +341,9 @@ class ShardExecutor:
                 if record.id in state.seen:
                     metrics.duplicates += 1
                     continue
-                state.seen[record.id] = low_watermark
+                # Kept for the horizon counted from the later of arrival watermark and event time:
+                # a record seen before any watermark was published must not be forgotten at once.
+                state.seen[record.id] = max(low_watermark, record.timestamp)
                 late = record.timestamp < low_watermark
                 metrics.records += 1
                 metrics.late += late

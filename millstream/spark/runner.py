@@ -35,9 +35,14 @@ from millstream.core.plan import (
 from millstream.core.watermarks import output_watermark
 from millstream.model.pipeline import Pipeline, PipelineError, Production
 from millstream.model.records import BEGINNING_OF_TIME, END_OF_TIME, Record
-from millstream.spark.operator import OUTPUT_SCHEMA, ShardProcessor
+from millstream.spark.operator import OUTPUT_SCHEMA, FusedConsumerProcessor, ShardProcessor
 from millstream.spark.source import SOURCE_FORMAT, InputsDataSource, Sender, SourcePlan, watermark_of_offset
 from millstream.spark.streamlog import StreamLog, atomic_write, productions_table
+
+
+# Failures that say nothing about the pipeline: the query is restarted from its checkpoint.
+_TRANSIENT = ("Python worker failed to connect back", "Timed out while waiting for the Python worker")
+MAX_RESTARTS = 3
 
 
 class MillstreamRunError(RuntimeError):
@@ -79,68 +84,50 @@ _METRICS = ("records", "duplicates", "late", "timers", "productions")
 
 
 class BatchCommitter:
-    """foreachBatch of one computation: turns the operator's output into committed stream-log
-    batches, sink files and the computation's status, all keyed by Spark's batch id."""
+    """foreachBatch of one query: turns the operators' output into committed stream-log batches, sink
+    files and each computation's status, all keyed by Spark's batch id.
 
-    def __init__(self, pipeline: Pipeline, plan: ComputationPlan, root: str, checkpoint: str) -> None:
+    `chain` is the query's computations in order: weak computations fused ahead of the last one, whose
+    productions are logged. The input watermark of each is the output watermark of the one before."""
+
+    def __init__(self, pipeline: Pipeline, chain: list[ComputationPlan], root: str, checkpoint: str) -> None:
         self.pipeline = pipeline
-        self.plan = plan
+        self.chain = chain
+        self.plan = chain[-1]
         self.log = StreamLog(root)
         self.checkpoint = checkpoint
-        self.status_dir = status_directory(root, plan.name)
-        self.sinks = [s for s in pipeline.sinks.values() if s.stream in plan.output_codecs]
+        self.root = root
+        self.sinks = [s for s in pipeline.sinks.values() if s.stream in self.plan.output_codecs]
 
     def __call__(self, frame: Any, batch_id: int) -> None:
-        # Always run the batch: Spark commits the operator's state stores only when the whole frame
+        # Always run the batch: Spark commits the operators' state stores only when the whole frame
         # is consumed, also when it replays a batch after a restart.
         table = frame.toArrow()
-        previous = self._load_status()
-        if previous.get("batch", -1) >= batch_id:
+        if load_status(status_directory(self.root, self.plan.name)).get("batch", -1) >= batch_id:
             return  # committed before the restart: the replay must not publish it twice
-        reports = table.filter(pc.is_null(table["stream"]))
-        produced_rows = table.filter(pc.is_valid(table["stream"]))
-
-        shards: dict[str, list[int | None]] = dict(previous.get("shards", {}))
-        metrics = dict(previous.get("metrics", {m: 0 for m in _METRICS}))
-        for row in reports.to_pylist():
-            shards[str(row["shard"])] = [row["next_lw"], row["next_wall"]]
-            for name in _METRICS:
-                metrics[name] += row[name]
+        reports = table.filter(pc.equal(table["kind"], "report")).to_pylist()
         offset = self._end_offset(batch_id)
-        input_watermark = offset["watermark"]
-        pending = [lw for lw, _ in shards.values() if lw is not None]
-        low_watermark = max(
-            previous.get("low_watermark", BEGINNING_OF_TIME),
-            output_watermark(input_watermark, min(pending) if pending else None),
-        )
-        walls = [wall for _, wall in shards.values() if wall is not None]
+        watermark = offset["watermark"]
+        senders = {name: item["watermark"] for name, item in offset["senders"].items()}
+        statuses = []
+        for plan in self.chain:
+            previous = load_status(status_directory(self.root, plan.name))
+            status = _next_status(previous, [r for r in reports if r["computation"] == plan.name], batch_id,
+                                  watermark, senders)
+            statuses.append((plan, status))
+            watermark, senders = status["low_watermark"], {}
 
+        produced_rows = table.filter(pc.equal(table["kind"], "record"))
         by_stream: dict[str, list[Produced]] = {s: [] for s in self.plan.output_codecs}
         for row in produced_rows.select(["stream", "key", "value", "ts", "id"]).to_pylist():
             by_stream[row["stream"]].append(Produced(row["stream"], row["key"], row["value"], row["ts"], row["id"]))
         for stream, produced in by_stream.items():
-            self.log.append(stream, self.plan.name, batch_id, productions_table(produced), low_watermark)
+            self.log.append(stream, self.plan.name, batch_id, productions_table(produced), watermark)
         for sink in self.sinks:
             write_sink_file(sink.path, sink.format, f"{self.plan.name}-{batch_id:012d}",
                             by_stream[sink.stream], self.pipeline.codec(sink.stream))
-
-        status = {
-            "batch": batch_id,
-            "low_watermark": low_watermark,
-            "input_watermark": input_watermark,
-            "senders": {name: item["watermark"] for name, item in offset["senders"].items()},
-            "shards": shards,
-            "next_wall_timer": min(walls) if walls else None,
-            "metrics": metrics,
-            "wall_ms": int(time.time() * 1000),
-        }
-        os.makedirs(self.status_dir, exist_ok=True)
-        with open(os.path.join(self.status_dir, "history.jsonl"), "a") as history:
-            history.write(json.dumps({k: status[k] for k in ("batch", "low_watermark", "input_watermark", "wall_ms")}) + "\n")
-        atomic_write(os.path.join(self.status_dir, "latest.json"), json.dumps(status).encode())
-
-    def _load_status(self) -> dict[str, Any]:
-        return load_status(self.status_dir)
+        for plan, status in statuses:  # the last computation's status last: it marks the batch done
+            _write_status(status_directory(self.root, plan.name), status)
 
     def _end_offset(self, batch_id: int) -> dict[str, Any]:
         """The source's end offset for this batch, from Spark's offset log (written before the
@@ -148,6 +135,41 @@ class BatchCommitter:
         with open(os.path.join(self.checkpoint, "offsets", str(batch_id))) as log:
             lines = log.read().splitlines()
         return json.loads(lines[-1])
+
+
+def _next_status(previous: dict[str, Any], reports: list[dict[str, Any]], batch_id: int,
+                 input_watermark: int, senders: dict[str, int]) -> dict[str, Any]:
+    """A computation's status after a batch: per-shard pending timers (shards not invoked keep
+    theirs), cumulative counters, and the output watermark min(input, earliest pending timer)."""
+    shards: dict[str, list[int | None]] = dict(previous.get("shards", {}))
+    metrics = dict(previous.get("metrics", {m: 0 for m in _METRICS}))
+    for row in reports:
+        shards[str(row["shard"])] = [row["next_lw"], row["next_wall"]]
+        for name in _METRICS:
+            metrics[name] += row[name]
+    pending = [lw for lw, _ in shards.values() if lw is not None]
+    walls = [wall for _, wall in shards.values() if wall is not None]
+    low_watermark = max(
+        previous.get("low_watermark", BEGINNING_OF_TIME),
+        output_watermark(input_watermark, min(pending) if pending else None),
+    )
+    return {
+        "batch": batch_id,
+        "low_watermark": low_watermark,
+        "input_watermark": input_watermark,
+        "senders": senders,
+        "shards": shards,
+        "next_wall_timer": min(walls) if walls else None,
+        "metrics": metrics,
+        "wall_ms": int(time.time() * 1000),
+    }
+
+
+def _write_status(status_dir: str, status: dict[str, Any]) -> None:
+    os.makedirs(status_dir, exist_ok=True)
+    with open(os.path.join(status_dir, "history.jsonl"), "a") as history:
+        history.write(json.dumps({k: status[k] for k in ("batch", "low_watermark", "input_watermark", "wall_ms")}) + "\n")
+    atomic_write(os.path.join(status_dir, "latest.json"), json.dumps(status).encode())
 
 
 def status_directory(root: str, computation: str) -> str:
@@ -199,12 +221,7 @@ class SparkRunner:
         spark: Any = None,
     ) -> None:
         pipeline.validate()
-        for node in pipeline.computations.values():
-            if node.production is Production.WEAK:
-                raise PipelineError(
-                    f"computation {node.name!r} asks for weak productions, which the Spark runner does "
-                    "not support yet; use production='strong'"
-                )
+        self._fused_into = _check_weak_productions(pipeline)
         for sink in pipeline.sinks.values():
             if any(p in pipeline.injectors for p in pipeline.producers(sink.stream)):
                 raise PipelineError(
@@ -221,6 +238,8 @@ class SparkRunner:
         self._spark_conf = dict(spark_conf or {})
         self._spark = spark
         self._queries: dict[str, Any] = {}
+        self._chains: dict[str, list[ComputationPlan]] = {}
+        self._restarts: dict[str, int] = {}
         self.shards, self.pages_per_shard = self._layout(shards, pages_per_shard)
         self.plans = {
             name: plan_computation(pipeline, name, self.shards, self.pages_per_shard)
@@ -231,7 +250,7 @@ class SparkRunner:
         """State is partitioned by shard and page: a resumed run must keep the stored layout."""
         path = os.path.join(self.root, "pipeline.json")
         wanted = {"pipeline": self.pipeline.name, "shards": shards, "pages_per_shard": pages_per_shard,
-                  "computations": sorted(self.pipeline.computations)}
+                  "computations": sorted(self.pipeline.computations), "weak": sorted(self._fused_into)}
         if os.path.exists(path):
             with open(path) as data:
                 stored = json.load(data)
@@ -256,37 +275,59 @@ class SparkRunner:
         return self._spark
 
     def start(self) -> None:
-        """Start one streaming query per computation (resuming from checkpoints)."""
+        """Start one streaming query per strong computation, with the weak computations that feed it
+        fused in front (resuming from checkpoints)."""
         if self._queries:
             return
         _pickle_user_code_by_value(self.pipeline)
         spark = self.spark
         spark.dataSource.register(InputsDataSource)
         for name, plan in self.plans.items():
-            self._queries[name] = self._start_query(spark, plan)
+            if name in self._fused_into:
+                continue
+            chain = [self.plans[n] for n, head in self._fused_into.items() if head == name] + [plan]
+            self._chains[name] = chain
+            self._queries[name] = self._start_query(spark, chain)
 
-    def _start_query(self, spark: Any, plan: ComputationPlan) -> Any:
+    def _wait_until_initialized(self, query: Any, limit_s: float = 60.0) -> None:
+        """Spark gives a new query's Python source worker a hard-coded 10 s to connect back; several
+        starting at once on a busy 2-core machine miss it. So queries start one after another."""
+        deadline = time.time() + limit_s
+        while time.time() < deadline and query.isActive and query.exception() is None:
+            if query.status.get("message") != "Initializing sources":
+                return
+            time.sleep(0.1)
+
+    def _start_query(self, spark: Any, chain: list[ComputationPlan]) -> Any:
+        first, plan = chain[0], chain[-1]
         senders = tuple(
             Sender(sender_name(i.stream, p), i.stream, p,
                    self.pipeline.injectors[p].injector if p in self.pipeline.injectors else None)
-            for i in plan.inputs for p in i.producers
+            for i in first.inputs for p in i.producers
         )
-        source_plan = SourcePlan(plan, self.root, senders, status_directory(self.root, plan.name),
+        source_plan = SourcePlan(first, self.root, senders,
+                                 tuple(status_directory(self.root, p.name) for p in chain),
                                  max_records_per_batch=self.max_records_per_batch)
         checkpoint = os.path.join(self.root, "checkpoints", plan.name)
         rows = (
             spark.readStream.format(SOURCE_FORMAT).option("plan", source_plan.encode()).load()
             .withWatermark("lw", "1 millisecond")
             .groupBy("shard")
-            .transformWithState(ShardProcessor(plan), OUTPUT_SCHEMA, "Update", "EventTime")
+            .transformWithState(ShardProcessor(first, downstream=plan if len(chain) > 1 else None),
+                                OUTPUT_SCHEMA, "Update", "EventTime")
         )
-        return (
+        if len(chain) > 1:
+            rows = rows.groupBy("shard").transformWithState(FusedConsumerProcessor(plan), OUTPUT_SCHEMA,
+                                                            "Update", "None")
+        query = (
             rows.writeStream.queryName(f"{self.pipeline.name}.{plan.name}")
-            .foreachBatch(BatchCommitter(self.pipeline, plan, self.root, checkpoint))
+            .foreachBatch(BatchCommitter(self.pipeline, chain, self.root, checkpoint))
             .option("checkpointLocation", checkpoint)
             .trigger(processingTime=f"{self.trigger_ms} milliseconds")
             .start()
         )
+        self._wait_until_initialized(query)
+        return query
 
     def run(self, on_progress: Callable[[PipelineProgress], None] | None = None,
             progress_interval: float = 1.0, timeout: float | None = None) -> PipelineProgress:
@@ -309,17 +350,25 @@ class SparkRunner:
             self.stop()
 
     def raise_if_failed(self) -> None:
-        for name, query in self._queries.items():
+        """Raise the first query failure as a MillstreamRunError. A transient start-up failure (a
+        Python worker that did not connect back in time on a loaded machine) restarts the query from
+        its checkpoint instead, a bounded number of times."""
+        for name, query in list(self._queries.items()):
             error = query.exception()
-            if error is not None:
-                self.stop()
-                details = f"{error}\n{getattr(error, 'getStackTrace', lambda: '')()}"
-                with open(os.path.join(self.root, "errors.log"), "a") as log:
-                    log.write(f"--- computation {name!r} failed at {time.ctime()}\n{details}\n")
-                raise MillstreamRunError(
-                    f"computation {name!r} failed: {user_error_message(str(error))} "
-                    f"(full trace in {os.path.join(self.root, 'errors.log')})"
-                ) from None
+            if error is None:
+                continue
+            details = f"{error}\n{getattr(error, 'getStackTrace', lambda: '')()}"
+            with open(os.path.join(self.root, "errors.log"), "a") as log:
+                log.write(f"--- computation {name!r} failed at {time.ctime()}\n{details}\n")
+            if any(p in str(error) for p in _TRANSIENT) and self._restarts.get(name, 0) < MAX_RESTARTS:
+                self._restarts[name] = self._restarts.get(name, 0) + 1
+                self._queries[name] = self._start_query(self.spark, self._chains[name])
+                continue
+            self.stop()
+            raise MillstreamRunError(
+                f"computation {name!r} failed: {user_error_message(str(error))} "
+                f"(full trace in {os.path.join(self.root, 'errors.log')})"
+            ) from None
 
     def stop(self) -> None:
         for query in self._queries.values():
@@ -376,6 +425,31 @@ class SparkRunner:
             for row in table.to_pylist():
                 records.append(Record(row["key"], codec.decode(row["value"]), row["timestamp"], row["id"]))
         return records
+
+
+def _check_weak_productions(pipeline: Pipeline) -> dict[str, str]:
+    """Weak computation -> the strong computation whose query it is fused into. The Spark runner
+    fuses one weak computation into a consumer that reads nothing else."""
+    fused: dict[str, str] = {}
+    for node in pipeline.computations.values():
+        if node.production is not Production.WEAK:
+            continue
+        consumer = pipeline.consumers(node.outputs[0])[0] if node.outputs else None
+        consumer_node = pipeline.computations.get(consumer or "")
+        if (consumer_node is None or any(pipeline.producers(s) != [node.name] for s in consumer_node.inputs)
+                or any(s not in consumer_node.inputs for s in node.outputs)):
+            raise PipelineError(
+                f"weak computation {node.name!r} must be the only producer of every stream its consumer "
+                f"{consumer!r} reads, and that consumer must read all of its outputs; use strong "
+                "productions for this edge"
+            )
+        if consumer_node.production is Production.WEAK:
+            raise PipelineError(
+                f"weak computations {node.name!r} -> {consumer!r}: the Spark runner fuses one weak "
+                "computation into a strong consumer; make one of them strong"
+            )
+        fused[node.name] = consumer_node.name
+    return fused
 
 
 _PYTHON_ERROR = re.compile(r"^(?:[\w.]+\.)?(\w*(?:Error|Exception)): (.+)$")

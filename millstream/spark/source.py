@@ -39,11 +39,12 @@ except ImportError:  # pragma: no cover
 
 SOURCE_FORMAT = "millstream_inputs"
 SOURCE_SCHEMA = (
-    "shard int, key string, rkey string, stream string, value binary, ts long, id string, lw timestamp"
+    "shard int, key string, rkey string, stream string, value binary, ts long, id string, lw timestamp, stamp long"
 )
 ARROW_SCHEMA = pa.schema([
     ("shard", pa.int32()), ("key", pa.string()), ("rkey", pa.string()), ("stream", pa.string()),
     ("value", pa.binary()), ("ts", pa.int64()), ("id", pa.string()), ("lw", pa.timestamp("us", tz="UTC")),
+    ("stamp", pa.int64()),  # the same watermark as `lw`, in ms, for operators that pass it on
 ])
 _CHUNK = 8192
 
@@ -63,7 +64,7 @@ class SourcePlan:
     computation: ComputationPlan
     root: str
     senders: tuple[Sender, ...]
-    status_dir: str
+    status_dirs: tuple[str, ...]  # of the query's computations: whose wall-time timers need ticks
     max_records_per_batch: int = 100_000
     max_log_batches: int = 64
     wall_tick_ms: int = 1000
@@ -83,6 +84,11 @@ class SourcePlan:
 def stamp_micros(watermark: int) -> int:
     """The `lw` column value for rows of a batch whose coalesced input watermark is `watermark`."""
     return (max(watermark, 0) + 1) * 1000
+
+
+def stamp_millis(stamp: int) -> int:
+    """The watermark a `lw` value stands for (inverse of stamp_micros)."""
+    return stamp // 1000 - 1
 
 
 def watermark_of_offset(offset_json: str) -> int:
@@ -134,13 +140,16 @@ class InputsReader(DataSourceStreamReader):
         return end
 
     def _wall_timer_due(self) -> bool:
-        path = os.path.join(self.plan.status_dir, "latest.json")
-        try:
-            with open(path, "rb") as data:
-                due = json.loads(data.read()).get("next_wall_timer")
-        except (FileNotFoundError, ValueError):
-            return False
-        return due is not None and due <= time.time() * 1000
+        now = time.time() * 1000
+        for status_dir in self.plan.status_dirs:
+            try:
+                with open(os.path.join(status_dir, "latest.json"), "rb") as data:
+                    due = json.loads(data.read()).get("next_wall_timer")
+            except (FileNotFoundError, ValueError):
+                continue
+            if due is not None and due <= now:
+                return True
+        return False
 
     def partitions(self, start: dict, end: dict) -> Sequence[_Partition]:
         stamp = stamp_micros(end["watermark"])
@@ -207,6 +216,7 @@ def _batch(rows: list[tuple], stamp: int) -> pa.RecordBatch:
     columns = list(zip(*rows))
     arrays = [pa.array(list(col), type=field.type) for col, field in zip(columns, ARROW_SCHEMA)]
     arrays.append(pa.array([stamp] * len(rows), type=ARROW_SCHEMA.field("lw").type))
+    arrays.append(pa.array([stamp_millis(stamp)] * len(rows), type=pa.int64()))
     return pa.RecordBatch.from_arrays(arrays, schema=ARROW_SCHEMA)
 
 

@@ -52,3 +52,22 @@ def test_low_watermarks_are_monotonic_and_held_by_upstream(spark, tmp_path):
     published = [h["low_watermark"] for h in windower]
     assert max(h["input_watermark"] for h in detector) <= max(published)
     assert all(h["input_watermark"] in published or h["input_watermark"] < published[0] for h in detector)
+
+
+def test_weak_productions_fuse_windower_into_detector_with_the_same_result(spark, tmp_path):
+    spec = TrafficSpec(events=8_000, keys=6, seed=19)
+    runner = SparkRunner(build_pipeline(spec, windower_production="weak"), root=str(tmp_path / "root"),
+                         spark=spark, max_records_per_batch=2000)
+    progress = runner.run(timeout=240)
+    truth = expected_output(spec)
+    assert len(truth["dips"]) > 3
+    assert as_rows(runner.read_stream("dips")) == truth["dips"]
+    # one query for both; no durable hop: the windows stream was never logged
+    assert not (tmp_path / "root" / "streams" / "windows").exists()
+    assert not (tmp_path / "root" / "checkpoints" / "windower").exists()
+    windower, detector = progress.computations["windower"], progress.computations["dip_detector"]
+    assert windower.records == spec.events and windower.productions == len(truth["windows"])
+    assert detector.records == len(truth["windows"]) and detector.late == 0
+    assert windower.low_watermark == detector.low_watermark == END_OF_TIME
+    history = runner.watermark_history("dip_detector")
+    assert [h["low_watermark"] for h in history] == sorted(h["low_watermark"] for h in history)
