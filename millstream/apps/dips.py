@@ -168,11 +168,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=None, help="records per second (default: unpaced)")
     parser.add_argument("--master", default="local[*]")
     parser.add_argument("--timeout", type=float, default=None)
+    parser.add_argument("--batch-records", type=int, default=100_000, help="max records per micro-batch")
     args = parser.parse_args(argv)
     from millstream.spark.runner import SparkRunner
 
     spec = TrafficSpec(events=args.events, keys=args.keys)
-    runner = SparkRunner(build_pipeline(spec, args.rate), root=args.root, master=args.master)
+    runner = SparkRunner(build_pipeline(spec, args.rate), root=args.root, master=args.master,
+                         max_records_per_batch=args.batch_records)
     started = time.time()
 
     def show(progress) -> None:

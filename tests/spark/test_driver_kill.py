@@ -9,6 +9,7 @@ import sys
 import time
 
 from millstream.apps.dips import TrafficSpec, build_pipeline, expected_output
+from millstream.model.records import END_OF_TIME
 from millstream.spark.runner import SparkRunner
 
 ROOT_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -17,18 +18,23 @@ EVENTS, KEYS = 16_000, 8
 
 def start_driver(root):
     command = [sys.executable, "-m", "millstream.apps.dips", "--root", str(root), "--events", str(EVENTS),
-               "--keys", str(KEYS), "--rate", "1500", "--master", "local[2]", "--timeout", "300"]
+               "--keys", str(KEYS), "--rate", "1500", "--batch-records", "1000", "--master", "local[2]",
+               "--timeout", "300"]
     env = {**os.environ, "PYTHONPATH": ROOT_DIR}
     return subprocess.Popen(command, cwd=ROOT_DIR, env=env, start_new_session=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def committed_batches(root, computation):
+def status(root, computation):
     try:
         with open(os.path.join(root, "status", computation, "latest.json")) as data:
-            return json.load(data)["batch"] + 1
+            return json.load(data)
     except (FileNotFoundError, ValueError):
-        return 0
+        return {"batch": -1, "low_watermark": -1}
+
+
+def committed_batches(root, computation):
+    return status(root, computation)["batch"] + 1
 
 
 def test_sigkill_of_driver_then_restart_loses_and_duplicates_nothing(spark, tmp_path):
@@ -42,11 +48,13 @@ def test_sigkill_of_driver_then_restart_loses_and_duplicates_nothing(spark, tmp_
     os.killpg(driver.pid, signal.SIGKILL)  # the driver JVM and its Python workers, mid-batch
     driver.wait()
     killed_at = committed_batches(root, "windower")
+    assert status(root, "dip_detector")["low_watermark"] < END_OF_TIME, "killed too late: the run was done"
 
     restarted = start_driver(root)
     output, _ = restarted.communicate(timeout=400)
     assert restarted.returncode == 0, output[-6000:]
-    assert committed_batches(root, "windower") > killed_at, "the restart did not resume work"
+    assert committed_batches(root, "windower") >= killed_at
+    assert status(root, "dip_detector")["low_watermark"] == END_OF_TIME, "the restart did not finish the run"
 
     truth = expected_output(TrafficSpec(events=EVENTS, keys=KEYS))
     reader = SparkRunner(build_pipeline(TrafficSpec(events=EVENTS, keys=KEYS)), root=str(root), spark=spark)
