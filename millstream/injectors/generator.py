@@ -23,7 +23,7 @@ class GeneratorInjector(Injector):
         total: int,
         low_watermark: Callable[[int], int],
         records_per_second: float | None = None,
-        max_records_per_read: int = 50_000,
+        max_records_per_read: int = 100_000,
         name: str = "generator",
     ) -> None:
         if total < 0:
