@@ -42,7 +42,7 @@ from millstream.spark.streamlog import StreamLog, atomic_write, productions_tabl
 
 # Failures that say nothing about the pipeline: the query is restarted from its checkpoint.
 _TRANSIENT = ("Python worker failed to connect back", "Timed out while waiting for the Python worker")
-MAX_RESTARTS = 3
+MAX_RESTARTS = 10
 
 
 class MillstreamRunError(RuntimeError):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import sys
@@ -285,6 +286,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"data dir {args.data_dir}" + (" (resuming from its checkpoint)" if resuming and args.runner == "spark"
                                           else ""))
     truth = ground_truth(config)
+    if not truth:
+        need = math.ceil((1.1 * config.day_seconds + 150) / 60)
+        print(f"note: no anomaly fits in {config.minutes:g} minutes: the model learns for a day "
+              f"({config.day_seconds} s) first; use --minutes {need} or more, or a shorter --day-seconds")
     total = len(injector.log)
     history_path = os.path.join(args.data_dir, "progress.jsonl")
     if args.runner == "harness" and os.path.exists(history_path):

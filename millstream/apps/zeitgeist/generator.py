@@ -574,5 +574,5 @@ def describe(config: ZeitgeistConfig) -> str:
     days = config.seconds / config.day_seconds
     return (f"{config.queries} queries, {config.minutes:g} min of event time ({days:.1f} days of "
             f"{config.day_seconds} s), ~{int(config.rate * config.seconds):,} events, seed {config.seed}; "
-            f"anomalies: " + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())))
+            f"anomalies: " + (", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) or "none"))
 

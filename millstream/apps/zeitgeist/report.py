@@ -187,7 +187,8 @@ def write_report(path: str, config: ZeitgeistConfig, evaluation: Evaluation, det
         parts += ["<h2>Low watermark lag</h2>",
                   "<p>How far each computation's low watermark trails the newest event time injected so far. "
                   "The injector's watermark waits for delayed events (the delayed burst shows as a plateau); "
-                  "each stage adds its own pending work (the Windower holds one open second per query).</p>",
+                  "each stage adds its own pending work (the Windower holds one open second per query). With "
+                  "weak_windower the Windower runs fused into the ModelCalculator's query and they share a line.</p>",
                   f"<img src='data:image/png;base64,{lag_png}'>"]
     parts += ["<h2>Traffic and model of flagged queries</h2>",
               "<p>Grey: searches per second; green: the model's expectation (drawn once the model is ready); "
