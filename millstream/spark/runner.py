@@ -36,7 +36,7 @@ from millstream.core.watermarks import output_watermark
 from millstream.model.pipeline import Pipeline, PipelineError, Production
 from millstream.model.records import BEGINNING_OF_TIME, END_OF_TIME, Record
 from millstream.spark.operator import OUTPUT_SCHEMA, FusedConsumerProcessor, ShardProcessor
-from millstream.spark.source import SOURCE_FORMAT, InputsDataSource, Sender, SourcePlan, watermark_of_offset
+from millstream.spark.source import SOURCE_FORMAT, InputsDataSource, Sender, SourcePlan
 from millstream.spark.streamlog import StreamLog, atomic_write, productions_table
 
 

@@ -91,10 +91,6 @@ def stamp_millis(stamp: int) -> int:
     return stamp // 1000 - 1
 
 
-def watermark_of_offset(offset_json: str) -> int:
-    return json.loads(offset_json)["watermark"]
-
-
 class _Partition(InputPartition):
     def __init__(self, kind: str, sender: str | None, start: Any, end: Any, stamp: int, tick: bool) -> None:
         self.kind, self.sender, self.start, self.end, self.stamp, self.tick = kind, sender, start, end, stamp, tick
