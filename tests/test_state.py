@@ -400,3 +400,18 @@ def test_a_same_named_spec_uses_the_declared_codec():
     run(h, ("k", "write"))
     run(h, ("k", "read"))
     assert results(comp, "read")["k"] == (1, 2)
+
+
+def test_json_codec_round_trips_exactly_and_writes_equal_values_as_equal_bytes():
+    codec = JsonCodec()
+    values = [0, -1, 2**63 - 1, 2**64 - 1, 2**70, -(2**90), 1.5, 1e300, "é✓", None, True,
+              {"b": [1, {"z": 2, "a": 3}], "a": "x"}]
+    for value in values:
+        assert codec.decode(codec.encode(value)) == value
+        assert type(codec.decode(codec.encode(value))) is type(value)
+    assert codec.encode({"a": 1, "b": 2}) == codec.encode({"b": 2, "a": 1})
+    assert codec.decode(codec.encode((1, (2, 3)))) == [1, [2, 3]]
+    assert codec.decode(codec.encode({1: "x"})) == {"1": "x"}
+    assert codec.decode(codec.encode(float("nan"))) is None  # strict JSON has no NaN
+    with pytest.raises(TypeError, match="PickleCodec"):
+        codec.encode({1, 2})

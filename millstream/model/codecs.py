@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import pickle
+import re
+
+import orjson
 from typing import Any, Protocol, runtime_checkable
 
 
@@ -19,21 +22,35 @@ class Codec(Protocol):
 # Built once: json.dumps with options builds a new encoder per call, measurably slow per record.
 _JSON_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
 _JSON_DECODER = json.JSONDecoder()
+# orjson is ~10-20x faster per value. Integers beyond 64 bits take the stdlib path both ways (orjson
+# refuses to write them and would read them back as floats).
+_ORJSON_OPTIONS = orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS
+_BIG_INTEGER = re.compile(rb"\d{20}")
 
 
 class JsonCodec:
-    """JSON with sorted keys (deterministic bytes). Tuples come back as lists, dict keys as strings."""
+    """Strict JSON with sorted keys (deterministic bytes). Tuples come back as lists, dict keys as
+    strings, NaN and infinities as None (JSON has no such numbers)."""
 
     def encode(self, value: Any) -> bytes:
         try:
+            return orjson.dumps(value, option=_ORJSON_OPTIONS)
+        except (TypeError, orjson.JSONEncodeError):
+            pass
+        try:
             return _JSON_ENCODER.encode(value).encode()
-        except TypeError as error:
+        except (TypeError, ValueError) as error:
             raise TypeError(
                 f"value {value!r} is not JSON-serializable ({error}); give the stream or state a "
                 "different codec, e.g. millstream.PickleCodec()"
             ) from None
 
     def decode(self, data: bytes) -> Any:
+        if _BIG_INTEGER.search(data) is None:
+            try:
+                return orjson.loads(data)
+            except orjson.JSONDecodeError:
+                pass
         return _JSON_DECODER.decode(bytes(data).decode())
 
     def __repr__(self) -> str:

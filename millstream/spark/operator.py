@@ -1,4 +1,4 @@
-"""The transformWithState processor that runs a computation's ShardExecutor inside Spark.
+"""The transformWithState processors that run a computation's ShardExecutor inside Spark.
 
 Spark groups rows by shard (MillWheel's key interval), not by user key: the Python stateful operator
 pays a fixed cost per grouping key per batch and ~50-65 us per state call, so per-user-key grouping
@@ -7,23 +7,24 @@ would cost a state call per key and a Spark timer per user timer. Per shard we k
 - MapState `pages`: page id -> blob of that page's keys (state, timers, seen ids); only pages touched
   in a step are read and rewritten, so a step's cost follows the keys it touches, not the shard size.
 - ValueState `index`: each page's earliest timers (ShardIndex).
-- ValueState `armed`: the one Spark event-time timer armed for the shard, at its earliest pending
-  low-watermark timer. Spark fires it once its watermark (= our coalesced input low watermark) passes;
-  the executor then fires every due user timer of the shard, in order per key.
 
+No Spark timers: the source's rows carry the batch's input low watermark before and after it, and a
+batch that moves the watermark invokes every shard (source.py). The executor delivers the records
+judged against the old watermark, then fires every user timer the new one made due, in the same batch.
 All writes of a batch land in RocksDB together when Spark commits the batch, with the productions it
 emitted: per-key atomicity, by construction.
 
-Each invocation emits its productions (kind 'record') and one report row (kind 'report') carrying the
+Records come in and go out in bundles (bundles.py), a few rows per shard instead of one per record.
+Each invocation emits its productions (kind 'records') and one report row (kind 'report') carrying the
 shard's next pending timers and step metrics; the driver-side commit aggregates reports into the
 output watermark.
 
 Weak productions fuse a computation A into its consumer B's query as two chained operators. A's
-productions leave A's operator already keyed and sharded for B (kind 'record'), and every invocation of
-an A shard also sends a 'hold' row to every B shard: A's earliest pending timer on that shard and the
-batch's input watermark. B's operator keeps the table of holds and computes its own input low
-watermark, min(input watermark, holds of A), so records A produces from timers are never late at B.
-B needs no Spark timers: any change of that watermark comes with hold rows, which invoke every B shard.
+productions leave A's operator already keyed and bundled per shard of B (kind 'records'), and every
+invocation of an A shard also sends a 'hold' row to every B shard: A's earliest pending timer on that
+shard and the batch's input watermark. B's operator keeps the table of holds and computes its own input
+low watermark, min(input watermark, holds of A), so records A produces from timers are never late at B.
+Any change of that watermark comes with hold rows, which invoke every B shard.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from millstream.core.executor import Delivery, ShardExecutor, StepResult
 from millstream.core.plan import ComputationPlan, route
 from millstream.core.watermarks import output_watermark
 from millstream.model.records import BEGINNING_OF_TIME, Record
+from millstream.spark.bundles import DeliveryItem, ProductionItem, chunks, unpack
 
 try:
     from pyspark.sql import Row
@@ -44,13 +46,12 @@ except ImportError:  # pragma: no cover
     StatefulProcessorHandle = Any  # type: ignore
 
 OUTPUT_SCHEMA = (
-    "kind string, computation string, shard int, key string, rkey string, stream string, value binary, "
-    "ts long, id string, wm long, next_lw long, next_wall long, stamp long, source_shard int, "
-    "records long, duplicates long, late long, timers long, productions long"
+    "kind string, computation string, shard int, bundle binary, wm long, next_lw long, next_wall long, "
+    "stamp long, source_shard int, records long, duplicates long, late long, timers long, productions long"
 )
 _EMPTY = dict.fromkeys(
-    ("kind", "computation", "shard", "key", "rkey", "stream", "value", "ts", "id", "wm", "next_lw", "next_wall",
-     "stamp", "source_shard", "records", "duplicates", "late", "timers", "productions")
+    ("kind", "computation", "shard", "bundle", "wm", "next_lw", "next_wall", "stamp", "source_shard",
+     "records", "duplicates", "late", "timers", "productions")
 )
 
 
@@ -63,6 +64,18 @@ def report_row(computation: str, shard: int, low_watermark: int, result: StepRes
     return output_row(kind="report", computation=computation, shard=shard, wm=low_watermark,
                       next_lw=result.next_lw_timer, next_wall=result.next_wall_timer, records=m.records,
                       duplicates=m.duplicates, late=m.late, timers=m.timers_fired, productions=m.productions)
+
+
+def production_rows(result: StepResult) -> Iterator[Any]:
+    """The step's productions for the committer, bundled."""
+    items: list[ProductionItem] = [(p.stream, p.key, p.value, p.timestamp, p.id) for p in result.productions]
+    for bundle in chunks(items):
+        yield output_row(kind="records", bundle=bundle)
+
+
+def deliveries_of(bundle: bytes | None, codecs: dict[str, Any]) -> list[Delivery]:
+    return [Delivery(key, stream, Record(rkey, codecs[stream].decode(value), ts, rid))
+            for key, rkey, stream, value, ts, rid in unpack(bundle)]
 
 
 def _wall_time(timer_values: Any) -> int:
@@ -95,16 +108,14 @@ class _SparkShardStore:
 
 
 class ShardProcessor(StatefulProcessor):
-    """A computation on Spark, fed by the source (timeMode EventTime). With `downstream`, its
-    productions are handed to that computation's operator in the same query (weak productions)."""
+    """A computation on Spark, fed by the source. With `downstream`, its productions are handed to
+    that computation's operator in the same query (weak productions)."""
 
     def __init__(self, plan: ComputationPlan, downstream: ComputationPlan | None = None) -> None:
         self.plan = plan
         self.downstream = downstream
 
     def init(self, handle: StatefulProcessorHandle) -> None:
-        self.handle = handle
-        self.armed = handle.getValueState("armed", "time long")
         store = _SparkShardStore(
             handle.getMapState("pages", "page int", "blob binary"),
             handle.getValueState("index", "blob binary"),
@@ -113,60 +124,35 @@ class ShardProcessor(StatefulProcessor):
         self.codecs = {i.stream: i.codec for i in self.plan.inputs}
 
     def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:
-        codecs = self.codecs
-        deliveries = []
-        stamp = timerValues.getCurrentWatermarkInMs()
-        for row in rows:
-            stamp = max(stamp, row.stamp)
-            if row.key is not None:  # heartbeat and tick rows only wake the shard
-                deliveries.append(
-                    Delivery(row.key, row.stream, Record(row.rkey, codecs[row.stream].decode(row.value), row.ts, row.id))
-                )
-        return self._step(key[0], deliveries, timerValues, stamp)
-
-    def handleExpiredTimer(self, key: Any, timerValues: Any, expiredTimerInfo: Any) -> Iterator[Any]:
-        # Spark has already removed the expired timer: forget it so _step re-arms if needed.
-        self.armed.clear()
-        return self._step(key[0], [], timerValues, timerValues.getCurrentWatermarkInMs())
-
-    def _step(self, shard: int, deliveries: list[Delivery], timer_values: Any, stamp: int) -> Iterator[Any]:
-        low_watermark = timer_values.getCurrentWatermarkInMs()
-        result = self.executor.step(deliveries, low_watermark, _wall_time(timer_values))
-        self._arm(result)
+        deliveries: list[Delivery] = []
+        before = after = None
+        for row in rows:  # every row of a batch carries the same two watermarks
+            before, after = row.before, row.stamp
+            deliveries.extend(deliveries_of(row.bundle, self.codecs))  # heartbeats carry none
+        shard = key[0]
+        result = self.executor.step(deliveries, before, _wall_time(timerValues), after)
         if self.downstream is None:
-            for p in result.productions:
-                yield output_row(kind="record", stream=p.stream, key=p.key, value=p.value, ts=p.timestamp, id=p.id)
+            yield from production_rows(result)
         else:
-            yield from self._hand_over(result, stamp, shard)
-        yield report_row(self.plan.name, shard, low_watermark, result)
+            yield from self._hand_over(result, after, shard)
+        yield report_row(self.plan.name, shard, after, result)
 
     def _hand_over(self, result: StepResult, stamp: int, source_shard: int) -> Iterator[Any]:
         """Productions keyed and sharded for the fused downstream computation, then this shard's hold."""
         downstream = self.downstream
+        by_shard: dict[int, list[DeliveryItem]] = {}
         for p in result.productions:
             consumer_input = downstream.input(p.stream)
             record = Record(p.key, consumer_input.codec.decode(p.value), p.timestamp, p.id)
             key = consumer_input.key_of(record, downstream.name)
             shard = route(key, downstream.shards, downstream.pages_per_shard)[0]
-            yield output_row(kind="record", shard=shard, key=key, rkey=p.key, stream=p.stream, value=p.value,
-                             ts=p.timestamp, id=p.id)
+            by_shard.setdefault(shard, []).append((key, p.key, p.stream, p.value, p.timestamp, p.id))
+        for shard, items in sorted(by_shard.items()):
+            for bundle in chunks(items):
+                yield output_row(kind="records", shard=shard, bundle=bundle)
         for shard in range(downstream.shards):
             yield output_row(kind="hold", computation=self.plan.name, shard=shard, next_lw=result.next_lw_timer,
                              stamp=stamp, source_shard=source_shard)
-
-    def _arm(self, result: StepResult) -> None:
-        current = self.armed.get()
-        armed = current[0] if current else None
-        wanted = result.next_lw_timer
-        if armed == wanted:
-            return
-        if armed is not None:
-            self.handle.deleteTimer(armed)
-        if wanted is None:
-            self.armed.clear()
-        else:
-            self.handle.registerTimer(wanted)
-            self.armed.update((wanted,))
 
     def close(self) -> None:
         pass
@@ -190,8 +176,7 @@ class FusedConsumerProcessor(StatefulProcessor):
         self.marks = handle.getValueState("marks", "input long, low long")
 
     def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:
-        codecs = self.codecs
-        deliveries = []
+        deliveries: list[Delivery] = []
         held: dict[int, int | None] = {}
         marks = self.marks.get()
         stamp, before = (marks[0], marks[1]) if marks else (BEGINNING_OF_TIME, BEGINNING_OF_TIME)
@@ -202,9 +187,7 @@ class FusedConsumerProcessor(StatefulProcessor):
                 held[row.source_shard] = row.next_lw
                 stamp = max(stamp, row.stamp)
             else:
-                deliveries.append(
-                    Delivery(row.key, row.stream, Record(row.rkey, codecs[row.stream].decode(row.value), row.ts, row.id))
-                )
+                deliveries.extend(deliveries_of(row.bundle, self.codecs))
         if not deliveries and not held:
             return
         for source_shard, next_lw in held.items():
@@ -214,18 +197,9 @@ class FusedConsumerProcessor(StatefulProcessor):
                 self.holds.updateValue((source_shard,), (next_lw,))
         pending = [value[0] for value in self.holds.values()]
         after = max(before, output_watermark(stamp, min(pending) if pending else None))
-        wall_time = _wall_time(timerValues)
-        # Records are judged against the watermark they were sent under; timers that the new
-        # watermark makes due fire right after them, in the same batch.
-        result = self.executor.step(deliveries, before, wall_time)
-        if after > before:
-            later = self.executor.step([], after, wall_time)
-            result.productions.extend(later.productions)
-            result.metrics.add(later.metrics)
-            result.next_lw_timer, result.next_wall_timer = later.next_lw_timer, later.next_wall_timer
+        result = self.executor.step(deliveries, before, _wall_time(timerValues), after)
         self.marks.update((stamp, after))
-        for p in result.productions:
-            yield output_row(kind="record", stream=p.stream, key=p.key, value=p.value, ts=p.timestamp, id=p.id)
+        yield from production_rows(result)
         yield report_row(self.plan.name, key[0], after, result)
 
     def close(self) -> None:

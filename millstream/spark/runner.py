@@ -1,8 +1,7 @@
 """Runs a Pipeline on Spark Structured Streaming: one streaming query per computation.
 
-    source (all inputs, coalesced low watermark stamped in `lw`)
-      -> withWatermark("lw", "1 millisecond")
-      -> groupBy("shard").transformWithState(ShardProcessor, EventTime)    [RocksDB state, checkpointed]
+    source (all inputs bundled per shard, coalesced low watermarks before and after the batch)
+      -> groupBy("shard").transformWithState(ShardProcessor)    [RocksDB state, checkpointed]
       -> foreachBatch(BatchCommitter)     [stream logs + sinks + status, idempotent by batch id]
 
 Everything lives under one root directory: `checkpoints/<computation>` (Spark's offsets, commits and
@@ -35,6 +34,7 @@ from millstream.core.plan import (
 from millstream.core.watermarks import output_watermark
 from millstream.model.pipeline import Pipeline, PipelineError, Production
 from millstream.model.records import BEGINNING_OF_TIME, END_OF_TIME, Record
+from millstream.spark.bundles import unpack
 from millstream.spark.operator import OUTPUT_SCHEMA, FusedConsumerProcessor, ShardProcessor
 from millstream.spark.source import SOURCE_FORMAT, InputsDataSource, Sender, SourcePlan
 from millstream.spark.streamlog import StreamLog, atomic_write, productions_table
@@ -43,6 +43,8 @@ from millstream.spark.streamlog import StreamLog, atomic_write, productions_tabl
 # Failures that say nothing about the pipeline: the query is restarted from its checkpoint.
 _TRANSIENT = ("Python worker failed to connect back", "Timed out while waiting for the Python worker")
 MAX_RESTARTS = 10
+# Version of the state and stream layout under a root; a root written by another version is refused.
+LAYOUT_FORMAT = 2
 
 
 class MillstreamRunError(RuntimeError):
@@ -117,10 +119,10 @@ class BatchCommitter:
             statuses.append((plan, status))
             watermark, senders = status["low_watermark"], {}
 
-        produced_rows = table.filter(pc.equal(table["kind"], "record"))
         by_stream: dict[str, list[Produced]] = {s: [] for s in self.plan.output_codecs}
-        for row in produced_rows.select(["stream", "key", "value", "ts", "id"]).to_pylist():
-            by_stream[row["stream"]].append(Produced(row["stream"], row["key"], row["value"], row["ts"], row["id"]))
+        for bundle in table.filter(pc.equal(table["kind"], "records"))["bundle"].to_pylist():
+            for stream, key, value, ts, rid in unpack(bundle):
+                by_stream[stream].append(Produced(stream, key, value, ts, rid))
         for stream, produced in by_stream.items():
             self.log.append(stream, self.plan.name, batch_id, productions_table(produced), watermark)
         for sink in self.sinks:
@@ -249,7 +251,7 @@ class SparkRunner:
     def _layout(self, shards: int, pages_per_shard: int) -> tuple[int, int]:
         """State is partitioned by shard and page: a resumed run must keep the stored layout."""
         path = os.path.join(self.root, "pipeline.json")
-        wanted = {"pipeline": self.pipeline.name, "shards": shards, "pages_per_shard": pages_per_shard,
+        wanted = {"format": LAYOUT_FORMAT, "pipeline": self.pipeline.name, "shards": shards, "pages_per_shard": pages_per_shard,
                   "computations": sorted(self.pipeline.computations), "weak": sorted(self._fused_into)}
         if os.path.exists(path):
             with open(path) as data:
@@ -311,10 +313,9 @@ class SparkRunner:
         checkpoint = os.path.join(self.root, "checkpoints", plan.name)
         rows = (
             spark.readStream.format(SOURCE_FORMAT).option("plan", source_plan.encode()).load()
-            .withWatermark("lw", "1 millisecond")
             .groupBy("shard")
             .transformWithState(ShardProcessor(first, downstream=plan if len(chain) > 1 else None),
-                                OUTPUT_SCHEMA, "Update", "EventTime")
+                                OUTPUT_SCHEMA, "Update", "None")
         )
         if len(chain) > 1:
             rows = rows.groupBy("shard").transformWithState(FusedConsumerProcessor(plan), OUTPUT_SCHEMA,

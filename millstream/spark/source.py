@@ -1,17 +1,16 @@
 """The Spark source of one computation: all of its inputs, with MillWheel's low watermark.
 
 Spark's own watermark is max(event time) - delay over the rows of earlier batches: one global number,
-driven by data. MillWheel's is min(senders' low watermarks), published by the senders. We make Spark
-carry ours: the source coalesces its senders' published watermarks (WatermarkCoalescer) at the end
-offset of every batch and stamps every row of that batch with it (+1 ms) in the column `lw`; the query
-declares `withWatermark("lw", "1 millisecond")`. Spark's watermark is then exactly the coalesced input
-low watermark of the previous batch, so Spark's event-time timers fire on MillWheel's watermark, and
-no row is ever dropped by Spark's late filter (each stamp is above the previous watermark). Lateness
-by a record's own timestamp is judged by the semantic core and reported to user code instead.
+driven by data, applied one batch late. MillWheel's is min(senders' low watermarks), published by the
+senders. So millstream does not use Spark's watermark: the source coalesces its senders' published
+watermarks (WatermarkCoalescer) at the end offset of every batch and stamps every row with two
+numbers: `before`, the coalesced input low watermark at the batch's start offset (what its records are
+judged late against) and `stamp`, the one at its end offset (what its timers fire by). Both come from
+the offsets Spark logs before running the batch, so a replayed batch sees the same ones.
 
-A batch whose offsets moved always carries one heartbeat row, so a watermark advance with no data
-still reaches Spark. While the computation has wall-time timers due, the source adds a tick: one row
-per shard, which makes Spark invoke every shard so it can fire them.
+Whenever the watermark moves, or the computation has wall-time timers due (a tick), the batch carries a
+heartbeat row for every shard: each shard is invoked and fires its due timers in that same batch.
+Records travel bundled per shard (bundles.py).
 """
 
 from __future__ import annotations
@@ -30,6 +29,7 @@ from millstream.core.watermarks import WatermarkCoalescer
 from millstream.model.injector import Injector
 from millstream.model.pipeline import record_key
 from millstream.model.records import BEGINNING_OF_TIME, Record
+from millstream.spark.bundles import BUNDLE_RECORDS, DeliveryItem, pack
 from millstream.spark.streamlog import StreamLog
 
 try:  # Spark's DataSource API; only needed where Spark runs
@@ -38,15 +38,12 @@ except ImportError:  # pragma: no cover
     DataSource = DataSourceStreamReader = InputPartition = object  # type: ignore
 
 SOURCE_FORMAT = "millstream_inputs"
-SOURCE_SCHEMA = (
-    "shard int, key string, rkey string, stream string, value binary, ts long, id string, lw timestamp, stamp long"
-)
+# One row carries a bundle of the shard's deliveries (see bundles.py); heartbeat rows none.
+SOURCE_SCHEMA = "shard int, bundle binary, before long, stamp long"
 ARROW_SCHEMA = pa.schema([
-    ("shard", pa.int32()), ("key", pa.string()), ("rkey", pa.string()), ("stream", pa.string()),
-    ("value", pa.binary()), ("ts", pa.int64()), ("id", pa.string()), ("lw", pa.timestamp("us", tz="UTC")),
-    ("stamp", pa.int64()),  # the same watermark as `lw`, in ms, for operators that pass it on
+    ("shard", pa.int32()), ("bundle", pa.binary()), ("before", pa.int64()), ("stamp", pa.int64()),
 ])
-_CHUNK = 8192
+_BUNDLES_PER_ARROW_BATCH = 16
 
 
 @dataclass(frozen=True)
@@ -81,19 +78,17 @@ class SourcePlan:
         return pickle.loads(base64.b64decode(text))
 
 
-def stamp_micros(watermark: int) -> int:
-    """The `lw` column value for rows of a batch whose coalesced input watermark is `watermark`."""
-    return (max(watermark, 0) + 1) * 1000
+@dataclass(frozen=True)
+class Marks:
+    """The coalesced input low watermark at a batch's start and end offsets."""
 
-
-def stamp_millis(stamp: int) -> int:
-    """The watermark a `lw` value stands for (inverse of stamp_micros)."""
-    return stamp // 1000 - 1
+    before: int
+    stamp: int
 
 
 class _Partition(InputPartition):
-    def __init__(self, kind: str, sender: str | None, start: Any, end: Any, stamp: int, tick: bool) -> None:
-        self.kind, self.sender, self.start, self.end, self.stamp, self.tick = kind, sender, start, end, stamp, tick
+    def __init__(self, kind: str, sender: str | None, start: Any, end: Any, marks: Marks) -> None:
+        self.kind, self.sender, self.start, self.end, self.marks = kind, sender, start, end, marks
 
 
 class InputsReader(DataSourceStreamReader):
@@ -148,16 +143,17 @@ class InputsReader(DataSourceStreamReader):
         return False
 
     def partitions(self, start: dict, end: dict) -> Sequence[_Partition]:
-        stamp = stamp_micros(end["watermark"])
+        marks = Marks(start["watermark"], end["watermark"])
         parts: list[_Partition] = []
         for name, item in end["senders"].items():
             before = start["senders"][name]
             if self.senders[name].injector is not None:
                 if item["offset"] != before["offset"]:
-                    parts.append(_Partition("injector", name, before["offset"], item["offset"], stamp, False))
+                    parts.append(_Partition("injector", name, before["offset"], item["offset"], marks))
             elif item["batch"] > before["batch"]:
-                parts.append(_Partition("log", name, before["batch"] + 1, item["batch"], stamp, False))
-        parts.append(_Partition("heartbeat", None, None, None, stamp, end["tick"] != start["tick"]))
+                parts.append(_Partition("log", name, before["batch"] + 1, item["batch"], marks))
+        if end["watermark"] != start["watermark"] or end["tick"] != start["tick"]:
+            parts.append(_Partition("heartbeat", None, None, None, marks))
         return parts
 
     def commit(self, end: dict) -> None:
@@ -167,12 +163,11 @@ class InputsReader(DataSourceStreamReader):
     def read(self, partition: _Partition) -> Iterator[pa.RecordBatch]:
         plan = self.plan.computation
         if partition.kind == "heartbeat":
-            shards = range(plan.shards) if partition.tick else [0]
-            yield _batch([(s, None, None, None, None, None, None) for s in shards], partition.stamp)
+            yield _batch([(shard, None) for shard in range(plan.shards)], partition.marks)
             return
         sender = self.senders[partition.sender]
         feed = self._injector_records(sender, partition) if sender.injector else self._log_records(sender, partition)
-        yield from self._keyed_batches(plan, plan.input(sender.stream), feed, partition.stamp)
+        yield from self._keyed_batches(plan, plan.input(sender.stream), feed, partition.marks)
 
     def _injector_records(self, sender: Sender, partition: _Partition) -> Iterator[tuple[str, bytes, int, str, Any]]:
         codec = self.plan.computation.input(sender.stream).codec
@@ -186,9 +181,12 @@ class InputsReader(DataSourceStreamReader):
                            [None] * table.num_rows)
 
     def _keyed_batches(self, plan: ComputationPlan, input_plan: InputPlan,
-                       feed: Iterator[tuple[str, bytes, int, str, Any]], stamp: int) -> Iterator[pa.RecordBatch]:
+                       feed: Iterator[tuple[str, bytes, int, str, Any]], marks: Marks) -> Iterator[pa.RecordBatch]:
+        """The deliveries of `feed`, keyed for this computation and bundled per shard."""
         by_record_key = input_plan.key_extractor is record_key
-        rows = []
+        stream = input_plan.stream
+        pending: dict[int, list[DeliveryItem]] = {}
+        bundles: list[tuple[int, bytes]] = []
         shard_of: dict[str, int] = {}  # keys repeat: hash each once per partition
         for rkey, value, ts, rid, decoded in feed:
             if by_record_key:
@@ -200,20 +198,27 @@ class InputsReader(DataSourceStreamReader):
             shard = shard_of.get(key)
             if shard is None:
                 shard = shard_of[key] = route(key, plan.shards, plan.pages_per_shard)[0]
-            rows.append((shard, key, rkey, input_plan.stream, value, ts, rid))
-            if len(rows) >= _CHUNK:
-                yield _batch(rows, stamp)
-                rows = []
-        if rows:
-            yield _batch(rows, stamp)
+            items = pending.setdefault(shard, [])
+            items.append((key, rkey, stream, value, ts, rid))
+            if len(items) >= BUNDLE_RECORDS:
+                bundles.append((shard, pack(items)))
+                del pending[shard]
+                if len(bundles) >= _BUNDLES_PER_ARROW_BATCH:
+                    yield _batch(bundles, marks)
+                    bundles = []
+        bundles.extend((shard, pack(items)) for shard, items in sorted(pending.items()))
+        if bundles:
+            yield _batch(bundles, marks)
 
 
-def _batch(rows: list[tuple], stamp: int) -> pa.RecordBatch:
-    columns = list(zip(*rows))
-    arrays = [pa.array(list(col), type=field.type) for col, field in zip(columns, ARROW_SCHEMA)]
-    arrays.append(pa.array([stamp] * len(rows), type=ARROW_SCHEMA.field("lw").type))
-    arrays.append(pa.array([stamp_millis(stamp)] * len(rows), type=pa.int64()))
-    return pa.RecordBatch.from_arrays(arrays, schema=ARROW_SCHEMA)
+def _batch(bundles: list[tuple[int, bytes | None]], marks: Marks) -> pa.RecordBatch:
+    n = len(bundles)
+    return pa.RecordBatch.from_arrays([
+        pa.array([shard for shard, _ in bundles], type=pa.int32()),
+        pa.array([bundle for _, bundle in bundles], type=pa.binary()),
+        pa.array([marks.before] * n, type=pa.int64()),
+        pa.array([marks.stamp] * n, type=pa.int64()),
+    ], schema=ARROW_SCHEMA)
 
 
 class InputsDataSource(DataSource):

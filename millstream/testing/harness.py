@@ -5,12 +5,11 @@ then inspect productions, state, pending timers and low watermarks. It runs the 
 Spark runner runs, with the same sharding and serialization, and steps the way Spark micro-batches do:
 
     step: for each computation, in topological order
-      1. deliver its queued records, then fire timers due at its current input low watermark
-         (Spark: a micro-batch; its watermark comes from earlier batches, timers fire after inputs)
-      2. coalesce its senders' published watermarks into its new input low watermark; timers that
-         became due fire in the next step, after that step's records, exactly as Spark fires them in
-         the next batch (a no-data batch only when no input is waiting)
-      3. publish its output watermark: min(coalesced input, earliest pending low-watermark timer)
+      1. coalesce its senders' published watermarks into its new input low watermark
+      2. deliver its queued records, judged late against the input low watermark from before (the
+         one they were sent under), then fire the timers due by the new one (Spark: one micro-batch,
+         whose rows carry both watermarks)
+      3. publish its output watermark: min(new input watermark, earliest pending low-watermark timer)
 """
 
 from __future__ import annotations
@@ -124,11 +123,11 @@ class PipelineHarness:
         for name in self._order:
             run = self._runs[name]
             deliveries, run.queue = run.queue, []
-            busy |= self._run_shards(run, deliveries, run.coalescer.coalesced)
             before = run.coalescer.coalesced
             for sender in run.plan.sender_names():
                 stream, producer = sender.split("/", 1)
                 run.coalescer.observe(sender, self._published_watermark(producer))
+            busy |= self._run_shards(run, deliveries, before, run.coalescer.coalesced)
             busy |= run.coalescer.coalesced != before
             pending = [t for t in run.next_lw_timer.values() if t is not None]
             new_output = output_watermark(run.coalescer.coalesced, min(pending) if pending else None)
@@ -187,7 +186,8 @@ class PipelineHarness:
         return sorted(self._key_state(self._run(computation), key).timers.values())
 
     # -- internals -----------------------------------------------------------------------------
-    def _run_shards(self, run: _ComputationRun, deliveries: list[Delivery], low_watermark: int) -> bool:
+    def _run_shards(self, run: _ComputationRun, deliveries: list[Delivery], low_watermark: int,
+                    advanced_watermark: int) -> bool:
         plan = run.plan
         by_shard: dict[int, list[Delivery]] = {}
         for delivery in deliveries:
@@ -196,12 +196,12 @@ class PipelineHarness:
         for shard, executor in enumerate(run.executors):
             due_lw = run.next_lw_timer.get(shard)
             due_wall = run.next_wall_timer.get(shard)
-            has_due = (due_lw is not None and due_lw <= low_watermark) or (
+            has_due = (due_lw is not None and due_lw <= advanced_watermark) or (
                 due_wall is not None and due_wall <= self.wall_time
             )
             if shard not in by_shard and not has_due:
                 continue
-            result = executor.step(by_shard.get(shard, []), low_watermark, self.wall_time)
+            result = executor.step(by_shard.get(shard, []), low_watermark, self.wall_time, advanced_watermark)
             run.next_lw_timer[shard] = result.next_lw_timer
             run.next_wall_timer[shard] = result.next_wall_timer
             run.metrics.add(result.metrics)
