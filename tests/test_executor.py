@@ -489,3 +489,36 @@ def test_set_false_is_not_confused_with_a_default_of_zero():
     harness = PipelineHarness(pipeline)
     harness.run_injectors()
     assert harness.state("flag", "k")["flag"] is False
+
+
+class _OnePageAtATimeStore(MemoryShardStore):
+    """Fails if a page is read while another page of the same step is still unwritten."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.open_page: int | None = None
+        self.pages_read = 0
+
+    def load_page(self, page):
+        assert self.open_page is None, f"page {page} read while page {self.open_page} is still held"
+        self.open_page = page
+        self.pages_read += 1
+        return super().load_page(page)
+
+    def save_page(self, page, blob):
+        assert self.open_page == page
+        self.open_page = None
+        super().save_page(page, blob)
+
+
+def test_a_step_holds_one_page_in_memory_at_a_time():
+    # Bounded memory: a shard's keys are processed page by page, whatever the key count.
+    store = _OnePageAtATimeStore()
+    ex = make_executor(TimerScript(), pages=8)
+    ex.store = store
+    keys = [f"k{i}" for i in range(200)]
+    ex.step([deliver(k, [["set", "t", 50, "low_watermark"]], rid=f"{k}-1") for k in keys], 0, 0)
+    assert store.pages_read == 8
+    result = ex.step([deliver(k, [], rid=f"{k}-2") for k in keys[:3]], 0, 0, advanced_watermark=60)
+    assert result.metrics.timers_fired == 200 and result.next_lw_timer is None
+    assert len(ex.plan.computation.log) == 200

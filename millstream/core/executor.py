@@ -319,55 +319,34 @@ class ShardExecutor:
         plan = self.plan
         timer_watermark = low_watermark if advanced_watermark is None else max(low_watermark, advanced_watermark)
         index = ShardIndex.loads(self.store.load_index())
-        pages: dict[int, Page] = {}
         out: list[Produced] = []
         metrics = StepMetrics()
 
-        def page_of(page_id: int) -> Page:
-            page = pages.get(page_id)
-            if page is None:
-                blob = self.store.load_page(page_id)
-                page = Page.loads(blob) if blob is not None else Page()
-                pages[page_id] = page
-            return page
-
-        by_key: dict[str, list[Delivery]] = defaultdict(list)
+        # Page by page, so only one page of the shard is in memory at a time: its keys' records,
+        # then their due timers and the due timers of its other keys, then the page is written back.
+        by_page: dict[int, dict[str, list[Delivery]]] = defaultdict(dict)
         for delivery in deliveries:
-            by_key[delivery.key].append(delivery)
-
-        touched: list[tuple[str, KeyState]] = []
-        for key, items in by_key.items():
-            state = page_of(route(key, plan.shards, plan.pages_per_shard)[1]).key_state(key)
-            ctx = _Invocation(plan, state, key, low_watermark, wall_time, out)
-            for delivery in items:
-                record = delivery.record
-                if record.id in state.seen:
-                    metrics.duplicates += 1
-                    continue
-                # Kept for the horizon counted from the later of arrival watermark and event time:
-                # a record seen before any watermark was published must not be forgotten at once.
-                state.seen[record.id] = max(low_watermark, record.timestamp)
-                late = record.timestamp < low_watermark
-                metrics.records += 1
-                metrics.late += late
-                ctx._begin(f"r:{record.id}", delivery.stream, late)
-                plan.computation.process_record(ctx, record)
-            touched.append((key, state))
-
-        # Timers: keys touched now, plus keys of pages whose index says a timer is due.
-        for page_id in sorted(index.due_pages(timer_watermark, wall_time)):
-            page = page_of(page_id)
-            for key in page.keys_with_due_timers(timer_watermark, wall_time):
-                touched.append((key, page.key_state(key)))
-        fired_keys: set[str] = set()
-        for key, state in touched:
-            if key in fired_keys:
-                continue
-            fired_keys.add(key)
-            metrics.timers_fired += self._fire_due(key, state, timer_watermark, wall_time, out)
-            _forget_old_ids(state, timer_watermark, plan.dedup_horizon_ms)
-
-        for page_id, page in pages.items():
+            key = delivery.key
+            keyed = by_page[route(key, plan.shards, plan.pages_per_shard)[1]]
+            items = keyed.get(key)
+            if items is None:
+                keyed[key] = [delivery]
+            else:
+                items.append(delivery)
+        due_pages = index.due_pages(timer_watermark, wall_time)
+        for page_id in sorted(by_page.keys() | due_pages):
+            blob = self.store.load_page(page_id)
+            page = Page.loads(blob) if blob is not None else Page()
+            keys = list(by_page.get(page_id, ()))
+            for key in keys:
+                self._deliver(key, page.key_state(key), by_page[page_id][key], low_watermark, wall_time, out,
+                              metrics)
+            if page_id in due_pages:
+                keys.extend(page.keys_with_due_timers(timer_watermark, wall_time))
+            for key in dict.fromkeys(keys):
+                state = page.key_state(key)
+                metrics.timers_fired += self._fire_due(key, state, timer_watermark, wall_time, out)
+                _forget_old_ids(state, timer_watermark, plan.dedup_horizon_ms)
             page.flush(plan.state_specs)
             self.store.save_page(page_id, page.dumps() if page.blobs else None)
             index.update(page_id, page)
@@ -379,6 +358,24 @@ class ShardExecutor:
             index.earliest(TimeDomain.WALL_TIME),
             metrics,
         )
+
+    def _deliver(self, key: str, state: KeyState, items: list[Delivery], low_watermark: int, wall_time: int,
+                 out: list[Produced], metrics: StepMetrics) -> None:
+        plan = self.plan
+        ctx = _Invocation(plan, state, key, low_watermark, wall_time, out)
+        for delivery in items:
+            record = delivery.record
+            if record.id in state.seen:
+                metrics.duplicates += 1
+                continue
+            # Kept for the horizon counted from the later of arrival watermark and event time:
+            # a record seen before any watermark was published must not be forgotten at once.
+            state.seen[record.id] = max(low_watermark, record.timestamp)
+            late = record.timestamp < low_watermark
+            metrics.records += 1
+            metrics.late += late
+            ctx._begin(f"r:{record.id}", delivery.stream, late)
+            plan.computation.process_record(ctx, record)
 
     def _fire_due(self, key: str, state: KeyState, low_watermark: int, wall_time: int,
                   out: list[Produced]) -> int:

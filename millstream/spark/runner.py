@@ -66,8 +66,10 @@ class ComputationProgress:
 
 @dataclass
 class InjectorProgress:
+    """An injector's published low watermark. Records are counted where they are delivered: see
+    ComputationProgress.records of its consumers."""
+
     low_watermark: int = BEGINNING_OF_TIME
-    records: int = 0
 
 
 @dataclass
@@ -401,7 +403,6 @@ class SparkRunner:
                 if producer in self.pipeline.injectors:
                     injector = result.injectors.setdefault(producer, InjectorProgress())
                     injector.low_watermark = max(injector.low_watermark, watermark)
-                    injector.records = max(injector.records, result.computations[name].records)
         return result
 
     def watermark_history(self, computation: str) -> list[dict[str, int]]:

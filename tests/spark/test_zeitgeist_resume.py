@@ -8,14 +8,16 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from millstream.model.records import END_OF_TIME
 
 ROOT_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def command(data_dir):
+def command(data_dir, weak):
     return [sys.executable, "-m", "millstream.apps.zeitgeist", "--queries", "30", "--minutes", "6",
-            "--data-dir", str(data_dir), "--master", "local[2]", "--timeout", "400"]
+            "--data-dir", str(data_dir), "--master", "local[2]", "--timeout", "400"] + (["--weak-windower"] if weak else [])
 
 
 def status(data_dir, computation):
@@ -26,10 +28,11 @@ def status(data_dir, computation):
         return {"batch": -1, "metrics": {"records": 0}}
 
 
-def test_ctrl_c_then_same_command_resumes_without_double_counting(tmp_path):
+@pytest.mark.parametrize("weak", [False, True], ids=["strong", "weak-windower"])
+def test_ctrl_c_then_same_command_resumes_without_double_counting(tmp_path, weak):
     data_dir = tmp_path / "zeitgeist"
     env = {**os.environ, "PYTHONPATH": ROOT_DIR}
-    first = subprocess.Popen(command(data_dir), cwd=ROOT_DIR, env=env, start_new_session=True,
+    first = subprocess.Popen(command(data_dir, weak), cwd=ROOT_DIR, env=env, start_new_session=True,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 240
     while status(data_dir, "model_calculator")["batch"] < 1:
@@ -40,7 +43,7 @@ def test_ctrl_c_then_same_command_resumes_without_double_counting(tmp_path):
     first.wait(timeout=120)
     assert status(data_dir, "dip_detector").get("low_watermark", -1) < END_OF_TIME, "interrupted too late"
 
-    second = subprocess.run(command(data_dir), cwd=ROOT_DIR, env=env, capture_output=True, text=True, timeout=600)
+    second = subprocess.run(command(data_dir, weak), cwd=ROOT_DIR, env=env, capture_output=True, text=True, timeout=600)
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     assert "resuming from its checkpoint" in second.stdout
 

@@ -64,6 +64,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--records-per-second", type=float, default=None,
                         help="pace the injector in wall time (default: as fast as the pipeline goes)")
     parser.add_argument("--timeout", type=float, default=None, help="give up after this many seconds")
+    parser.add_argument("--weak-windower", action="store_true", dest="weak_windower",
+                        help="fuse the Windower into the ModelCalculator's query (weak productions, no durable hop)")
     parser.add_argument("--report-queries", type=int, default=16, help="queries plotted in report.html")
     return parser.parse_args(argv)
 
@@ -279,7 +281,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: the Spark runner is not available ({error}); try --runner harness", file=sys.stderr)
             return 2
     pipeline = build_pipeline(PipelineConfig(generator=config, output_dir=args.data_dir if args.runner == "spark" else None,
-                                             records_per_second=args.records_per_second))
+                                             records_per_second=args.records_per_second,
+                                             weak_windower=args.weak_windower))
     injector: ZeitgeistInjector = pipeline.injectors[INJECTOR].injector
     print(f"Zeitgeist: {describe(config)}")
     resuming = resumed and os.path.exists(os.path.join(args.data_dir, "run"))
