@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 
 import pyarrow.parquet as pq
 
@@ -36,7 +35,10 @@ def measure(spark, rate: float, seconds: float, trigger_ms: int, shards: int, ta
     runner.run(timeout=seconds + 300, progress_interval=0.5)
     started = None
     for name in sorted(os.listdir(os.path.join(root, "checkpoints"))):
-        with open(os.path.join(root, "checkpoints", name, "offsets", "0")) as f:
+        # Spark keeps only the newest offset files; every offset of the injector holds started_ms.
+        offsets = os.path.join(root, "checkpoints", name, "offsets")
+        last = max(int(n) for n in os.listdir(offsets) if n.isdigit())
+        with open(os.path.join(offsets, str(last))) as f:
             senders = json.loads(f.read().splitlines()[-1])["senders"]
         for sender in senders.values():
             if "offset" in sender and sender["offset"].get("started_ms"):

@@ -21,8 +21,8 @@ if ROOT not in sys.path:
 
 from bench.common import RESULTS_DIR, machine  # noqa: E402
 
-BENCHMARKS = ["profile_step", "throughput", "latency", "wmlag", "growth", "recovery", "tune"]
-FULL_ONLY = {"tune"}
+BENCHMARKS = ["profile_step", "throughput", "latency", "wmlag", "growth", "recovery", "tune", "flavour"]
+FULL_ONLY = {"tune", "flavour"}
 
 
 def run(name: str, quick: bool) -> dict:
@@ -66,15 +66,14 @@ def table(results: dict[str, dict]) -> str:
     for run_ in results.get("latency", {}).get("two_stage", []):
         add("latency", f"2 stages, first {run_['first_stage']}: p50/p95/p99 ms",
             f"{run_['p50_ms']} / {run_['p95_ms']} / {run_['p99_ms']}")
-    wm = results.get("wmlag", {})
-    if "lag" in wm:
-        lag = wm["lag"]
-        add("wmlag", "lag p50 ms injector/s1/s2/s3",
+    for wm in results.get("wmlag", {}).get("variants", []):
+        lag, trigger = wm["lag"], wm["trigger_ms"]
+        add("wmlag", f"trigger {trigger} ms: lag p50 ms injector/s1/s2/s3",
             " / ".join(str(lag[s]["p50_ms"]) for s in ("injector", "s1", "s2", "s3")))
         for s in ("s2", "s3"):
             interval = wm["batch_interval_p50_ms"].get(s) or 0
             inc = wm["increment_p50_ms"][s]
-            add("wmlag", f"{s} adds (p50) vs its batch interval", f"{inc} ms vs {interval} ms",
+            add("wmlag", f"trigger {trigger} ms: {s} adds (p50) vs its batch interval", f"{inc} ms vs {interval} ms",
                 "<= 1 interval", inc <= interval)
     gr = results.get("growth", {})
     for item in gr.get("by_keys", []) + gr.get("by_input", []):
@@ -95,6 +94,10 @@ def table(results: dict[str, dict]) -> str:
     for item in results.get("tune", {}).get("results", []):
         add("tune", f"shards={item['shards']} pages={item['pages_per_shard']} max/batch={item['max_records_per_batch']}",
             f"{item['records_per_s']:.0f} rec/s")
+    for item in results.get("flavour", {}).get("results", []):
+        add("flavour", f"{item['keys']:,} keys: Pandas / row-based rec/s",
+            f"{item['pandas_records_per_s']:.0f} / {item['row_based_records_per_s']:.0f} = {item['pandas_over_row']}x"
+            f" (identical output: {item['identical_output']})")
     prof = results.get("profile_step", {})
     if "unprofiled" in prof:
         add("profile", "ShardExecutor.step offline, 1e4 keys (rec/s)", str(prof["unprofiled"]["step_records_per_s"]))

@@ -40,12 +40,12 @@ def windower_pipeline(name: str, keys: int, total: int, max_per_read: int = MAX_
 
 
 def run_millstream(spark: Any, collector: ProgressCollector, keys: int, total: int, timeout: float,
-                   **runner_args: Any) -> dict:
-    name = f"tp{keys}"
-    root = fresh_dir(f"throughput-ms-{keys}")
+                   runner_class: type[SparkRunner] = SparkRunner, tag: str = "", **runner_args: Any) -> dict:
+    name = f"tp{keys}{tag}"
+    root = fresh_dir(f"throughput-ms-{keys}{tag}")
     max_records = runner_args.setdefault("max_records_per_batch", MAX_RECORDS_PER_BATCH)
     runner_args.setdefault("trigger_ms", TRIGGER_MS)
-    runner = SparkRunner(windower_pipeline(name, keys, total, max_records), root=root, spark=spark, **runner_args)
+    runner = runner_class(windower_pipeline(name, keys, total, max_records), root=root, spark=spark, **runner_args)
     started = time.time()
     runner.start()
     try:
@@ -72,11 +72,12 @@ def run_millstream(spark: Any, collector: ProgressCollector, keys: int, total: i
 
 
 def run_baseline(spark: Any, collector: ProgressCollector, keys: int, total: int, expected_rows: int,
-                 timeout: float, trigger_ms: int = TRIGGER_MS, max_records: int = MAX_RECORDS_PER_BATCH) -> dict:
-    root = fresh_dir(f"throughput-base-{keys}")
+                 timeout: float, trigger_ms: int = TRIGGER_MS, max_records: int = MAX_RECORDS_PER_BATCH,
+                 name_tag: str = "") -> dict:
+    root = fresh_dir(f"throughput-base-{keys}{name_tag}")
     injector = keyed_injector(keys, total)
     injector.max_records_per_read = max_records
-    name = f"baseline{keys}"
+    name = f"baseline{keys}{name_tag}"
     started = time.time()
     query, sink = baseline.start_baseline(spark, injector, max_records, root, trigger_ms, name=name)
     try:
@@ -100,6 +101,10 @@ def main(quick: bool) -> dict:
     total = 60_000 if quick else 250_000
     spark = spark_session(log_name="throughput")
     collector = ProgressCollector(spark)
+    # The first queries of a session run measurably slower (Python workers, JIT, caches): warm both up.
+    run_millstream(spark, collector, 1_000, 20_000, timeout=600, tag="warmup")
+    run_baseline(spark, collector, 1_000, 20_000, sum(expected_windows(1_000, 20_000).values()), timeout=600,
+                 name_tag="warmup")
     rows = []
     for keys in key_counts:
         expected = expected_windows(keys, total)

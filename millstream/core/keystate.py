@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from millstream.model.records import TimeDomain, Timer
-from millstream.model.state import ListState, MapState, StateSpec, ValueState
+from millstream.model.state import ListState, StateSpec, ValueState
 
 _ABSENT = object()
 _CLEARED = object()  # a value cleared by user code this step

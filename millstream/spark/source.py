@@ -16,8 +16,6 @@ Records travel bundled per shard (bundles.py).
 from __future__ import annotations
 
 import base64
-import json
-import os
 import time
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
@@ -30,6 +28,7 @@ from millstream.model.injector import Injector
 from millstream.model.pipeline import record_key
 from millstream.model.records import BEGINNING_OF_TIME, Record
 from millstream.spark.bundles import BUNDLE_RECORDS, DeliveryItem, pack
+from millstream.spark.storage import Storage
 from millstream.spark.streamlog import StreamLog
 
 try:  # Spark's DataSource API; only needed where Spark runs
@@ -61,7 +60,7 @@ class SourcePlan:
     computation: ComputationPlan
     root: str
     senders: tuple[Sender, ...]
-    status_dirs: tuple[str, ...]  # of the query's computations: whose wall-time timers need ticks
+    status_dirs: tuple[str, ...]  # locations of the query's computations' status: wall-time timers due
     max_records_per_batch: int = 100_000
     max_log_batches: int = 64
     wall_tick_ms: int = 1000
@@ -95,6 +94,7 @@ class InputsReader(DataSourceStreamReader):
     def __init__(self, plan: SourcePlan) -> None:
         self.plan = plan
         self.log = StreamLog(plan.root)
+        self.statuses = [Storage(location) for location in plan.status_dirs]
         self.senders = {s.name: s for s in plan.senders}
 
     # -- driver side ---------------------------------------------------------------------------
@@ -132,12 +132,8 @@ class InputsReader(DataSourceStreamReader):
 
     def _wall_timer_due(self) -> bool:
         now = time.time() * 1000
-        for status_dir in self.plan.status_dirs:
-            try:
-                with open(os.path.join(status_dir, "latest.json"), "rb") as data:
-                    due = json.loads(data.read()).get("next_wall_timer")
-            except (FileNotFoundError, ValueError):
-                continue
+        for status in self.statuses:
+            due = (status.read_json("latest.json") or {}).get("next_wall_timer")
             if due is not None and due <= now:
                 return True
         return False

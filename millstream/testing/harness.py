@@ -25,7 +25,7 @@ from millstream.core.executor import (
     StepMetrics,
 )
 from millstream.core.keystate import KeyState, Page
-from millstream.core.plan import ComputationPlan, plan_computation, route, sender_name
+from millstream.core.plan import ComputationPlan, plan_computation, route
 from millstream.core.watermarks import WatermarkCoalescer, output_watermark
 from millstream.model.injector import Offset
 from millstream.model.pipeline import Pipeline, PipelineError

@@ -1,0 +1,121 @@
+"""Where the Spark runner keeps its files: a local directory or any filesystem pyarrow reaches.
+
+A location is a local path or a URI pyarrow.fs understands: `s3://bucket/prefix` (options such as
+`?endpoint_override=host:port&scheme=http&region=...` in the query), `gs://...`, `hdfs://...` (needs
+libhdfs). `s3a://` is read as `s3://`, so the same location can be given to Spark's Hadoop connectors.
+Every process that touches the location (driver, source planner, executors) opens it from the same
+string, so a root travels to executors as text.
+
+Writes are atomic: a local file is written aside and renamed into place; an object store makes an
+object visible only once its upload completes. Readers therefore see a file whole or not at all.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+
+def is_local(location: str) -> bool:
+    scheme = urlsplit(location).scheme
+    return scheme in ("", "file") or len(scheme) == 1  # "C:\..." on Windows
+
+
+class Storage:
+    """Files under one location. Paths given to methods are relative to it, '/'-separated."""
+
+    def __init__(self, location: str) -> None:
+        self.location = location
+        if is_local(location):
+            self.fs: pafs.FileSystem = pafs.LocalFileSystem()
+            local = urlsplit(location).path if location.startswith("file:") else location
+            self.base = os.path.abspath(local)
+            self.local = True
+        else:
+            parts = urlsplit(location)
+            if parts.scheme == "s3a":
+                parts = parts._replace(scheme="s3")
+            self.fs, self.base = pafs.FileSystem.from_uri(urlunsplit(parts))
+            self.base = self.base.rstrip("/")
+            self.local = False
+
+    def __getstate__(self) -> dict[str, Any]:  # filesystems do not pickle everywhere: reopen by name
+        return {"location": self.location}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["location"])  # type: ignore[misc]
+
+    def describe(self, path: str = "") -> str:
+        """The path as a user would type it, for messages."""
+        if self.local:
+            return os.path.join(self.base, *path.split("/")) if path else self.base
+        parts = urlsplit(self.location)
+        host = parts.netloc.rsplit("@", 1)[-1]  # never print credentials
+        return urlunsplit(parts._replace(netloc=host, path=posixpath.join(parts.path, path), query=""))
+
+    def child(self, path: str) -> "Storage":
+        """A Storage rooted at `path` under this one."""
+        if self.local:
+            return Storage(os.path.join(self.base, *path.split("/")))
+        parts = urlsplit(self.location)
+        return Storage(urlunsplit(parts._replace(path=posixpath.join(parts.path, path))))
+
+    def _full(self, path: str) -> str:
+        return posixpath.join(self.base, path) if path else self.base
+
+    # -- reading -------------------------------------------------------------------------------
+    def read(self, path: str) -> bytes | None:
+        try:
+            with self.fs.open_input_stream(self._full(path)) as data:
+                return data.read()
+        except FileNotFoundError:
+            return None
+        except OSError as error:  # some filesystems report a missing object as a generic error
+            if "not found" in str(error).lower() or "does not exist" in str(error).lower():
+                return None
+            raise
+
+    def read_json(self, path: str) -> Any:
+        data = self.read(path)
+        return None if data is None else json.loads(data)
+
+    def exists(self, path: str) -> bool:
+        return self.fs.get_file_info(self._full(path)).type != pafs.FileType.NotFound
+
+    def list(self, path: str) -> list[str]:
+        """Names of the entries directly under `path` (empty if it does not exist)."""
+        selector = pafs.FileSelector(self._full(path), allow_not_found=True)
+        return sorted(info.base_name for info in self.fs.get_file_info(selector))
+
+    def read_parquet(self, path: str, schema: pa.Schema | None = None) -> pa.Table:
+        return pq.read_table(self._full(path), schema=schema, filesystem=self.fs)
+
+    # -- writing -------------------------------------------------------------------------------
+    def write(self, path: str, data: bytes) -> None:
+        full = self._full(path)
+        self.fs.create_dir(posixpath.dirname(full), recursive=True)
+        if not self.local:
+            with self.fs.open_output_stream(full) as out:
+                out.write(data)
+            return
+        tmp = f"{full}.tmp-{os.getpid()}"
+        with open(tmp, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, full)
+
+    def write_json(self, path: str, value: Any) -> None:
+        self.write(path, json.dumps(value).encode())
+
+    def write_parquet(self, path: str, table: pa.Table) -> None:
+        sink = pa.BufferOutputStream()
+        pq.write_table(table, sink)
+        self.write(path, sink.getvalue().to_pybytes())
