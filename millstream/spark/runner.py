@@ -4,9 +4,10 @@
       -> groupBy("shard").transformWithState(ShardProcessor)    [RocksDB state, checkpointed]
       -> foreachBatch(BatchCommitter)     [stream logs + sinks + status, idempotent by batch id]
 
-Everything lives under one root directory: `checkpoints/<computation>` (Spark's offsets, commits and
-state), `streams/` (stream logs), `status/<computation>` (watermark and counters per batch). Running
-the same pipeline on the same root resumes from the checkpoints.
+Everything lives under one root (a local directory or a remote location, see storage.py):
+`checkpoints/<computation>` (Spark's offsets, commits and state; `checkpoint_root` moves them),
+`streams/` (stream logs), `status/<computation>` (watermark and counters per batch, `history/` one
+file per batch). Running the same pipeline on the same root resumes from the checkpoints.
 """
 
 from __future__ import annotations

@@ -42,9 +42,8 @@ class PipelineConfig:
     watermark: str = "honest"  # or "naive" (see ZeitgeistInjector)
     records_per_second: float | None = None  # pace the injector in wall time (None: as fast as possible)
     max_records_per_read: int = 20_000  # searches per micro-batch at most
-    # The Windower's windows go only to the ModelCalculator, so weak productions could fuse the two
-    # into one query (MillWheel section 5.4). Off by default: a resumed run with the fused pair was
-    # seen to stall once after Ctrl-C (see docs/design.md, limits); strong productions resume reliably.
+    # The Windower's windows go only to the ModelCalculator, so weak productions can fuse the two
+    # into one query (MillWheel section 5.4). Off by default: strong productions keep `windows` logged.
     weak_windower: bool = False
 
     def model_settings(self) -> ModelSettings:
