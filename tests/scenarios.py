@@ -119,7 +119,8 @@ class Joiner(Computation):
 def event_steps(seed: int = 5, steps: int = 12, per_step: int = 60):
     """Out-of-order events with late ones and duplicate ids, as injector steps."""
     rng = random.Random(seed)
-    result, watermark, sent = [], 0, []
+    # Event time starts before the epoch: negative timestamps and watermarks are ordinary values.
+    result, watermark, sent = [], -5_000, []
     for step in range(steps):
         records = []
         for i in range(per_step):
