@@ -270,7 +270,8 @@ class SparkRunner:
     def _layout(self, shards: int, pages_per_shard: int) -> tuple[int, int]:
         """State is partitioned by shard and page: a resumed run must keep the stored layout."""
         path = "pipeline.json"
-        wanted = {"format": LAYOUT_FORMAT, "pipeline": self.pipeline.name, "shards": shards, "pages_per_shard": pages_per_shard,
+        wanted = {"format": LAYOUT_FORMAT, "pipeline": self.pipeline.name, "shards": shards,
+                  "pages_per_shard": pages_per_shard,
                   "computations": sorted(self.pipeline.computations), "weak": sorted(self._fused_into)}
         stored = self.storage.read_json(path)
         if stored is None:

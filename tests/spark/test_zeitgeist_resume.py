@@ -17,7 +17,8 @@ ROOT_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__fil
 
 def command(data_dir, weak):
     return [sys.executable, "-m", "millstream.apps.zeitgeist", "--queries", "30", "--minutes", "6",
-            "--data-dir", str(data_dir), "--master", "local[2]", "--timeout", "400"] + (["--weak-windower"] if weak else [])
+            "--data-dir", str(data_dir), "--master", "local[2]", "--timeout", "400",
+            *(["--weak-windower"] if weak else [])]
 
 
 def status(data_dir, computation):
