@@ -59,6 +59,10 @@ def table(results: dict[str, dict]) -> str:
             target, row["ratio"] >= need)
         add("throughput", f"{k:,} keys: identical output", str(row["identical_output"]), "True",
             row["identical_output"])
+    floor = results.get("latency", {}).get("floor")
+    if floor:
+        add("latency", "hand-written floor (same source, transformWithState, no millstream) p50/p95/p99 ms",
+            f"{floor['p50_ms']} / {floor['p95_ms']} / {floor['p99_ms']}")
     for run_ in results.get("latency", {}).get("strong", []):
         tag = f"trigger {run_['trigger_ms']} ms, {run_['shards']} shards"
         add("latency", f"strong p50/p95/p99 ms ({tag})", f"{run_['p50_ms']} / {run_['p95_ms']} / {run_['p99_ms']}",
