@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from typing import Any
 
 from millstream.model.codecs import Codec
 from millstream.model.computation import Computation
-from millstream.model.pipeline import KeyExtractor, Pipeline, PipelineError
+from millstream.model.pipeline import KeyExtractor, Pipeline, PipelineError, record_key
 from millstream.model.records import Record
 from millstream.model.state import ListState, MapState, StateSpec, ValueState
 
 DEFAULT_SHARDS = 8
 DEFAULT_PAGES_PER_SHARD = 32
+_UNDECODED = object()
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,16 @@ class InputPlan:
                 f"{type(key).__name__} {key!r}; keys must be str"
             )
         return key
+
+    def key_of_encoded(self, rkey: str, value: bytes, timestamp: int, rid: str, computation: str,
+                       decoded: Any = _UNDECODED) -> str:
+        """key_of for a record whose value is still encoded: the value is decoded only if the
+        extractor is not the default one (the record's own key), and not at all if `decoded` is given."""
+        if self.key_extractor is record_key:
+            return rkey
+        if decoded is _UNDECODED:
+            decoded = self.codec.decode(value)
+        return self.key_of(Record(rkey, decoded, timestamp, rid), computation)
 
 
 @dataclass(frozen=True)

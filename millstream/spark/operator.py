@@ -107,6 +107,13 @@ class _SparkShardStore:
             self._pages.updateValue((page,), (blob,))
 
 
+def _shard_executor(handle: StatefulProcessorHandle, plan: ComputationPlan) -> tuple[ShardExecutor, dict[str, Any]]:
+    """The plan's executor over this grouping key's state, and the codec of each input stream."""
+    store = _SparkShardStore(handle.getMapState("pages", "page int", "blob binary"),
+                             handle.getValueState("index", "blob binary"))
+    return ShardExecutor(plan, store), {i.stream: i.codec for i in plan.inputs}
+
+
 class ShardProcessor(StatefulProcessor):
     """A computation on Spark, fed by the source. With `downstream`, its productions are handed to
     that computation's operator in the same query (weak productions)."""
@@ -116,12 +123,7 @@ class ShardProcessor(StatefulProcessor):
         self.downstream = downstream
 
     def init(self, handle: StatefulProcessorHandle) -> None:
-        store = _SparkShardStore(
-            handle.getMapState("pages", "page int", "blob binary"),
-            handle.getValueState("index", "blob binary"),
-        )
-        self.executor = ShardExecutor(self.plan, store)
-        self.codecs = {i.stream: i.codec for i in self.plan.inputs}
+        self.executor, self.codecs = _shard_executor(handle, self.plan)
 
     def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:
         deliveries: list[Delivery] = []
@@ -142,9 +144,7 @@ class ShardProcessor(StatefulProcessor):
         downstream = self.downstream
         by_shard: dict[int, list[DeliveryItem]] = {}
         for p in result.productions:
-            consumer_input = downstream.input(p.stream)
-            record = Record(p.key, consumer_input.codec.decode(p.value), p.timestamp, p.id)
-            key = consumer_input.key_of(record, downstream.name)
+            key = downstream.input(p.stream).key_of_encoded(p.key, p.value, p.timestamp, p.id, downstream.name)
             shard = route(key, downstream.shards, downstream.pages_per_shard)[0]
             by_shard.setdefault(shard, []).append((key, p.key, p.stream, p.value, p.timestamp, p.id))
         for shard, items in sorted(by_shard.items()):
@@ -165,12 +165,7 @@ class FusedConsumerProcessor(StatefulProcessor):
         self.plan = plan
 
     def init(self, handle: StatefulProcessorHandle) -> None:
-        store = _SparkShardStore(
-            handle.getMapState("pages", "page int", "blob binary"),
-            handle.getValueState("index", "blob binary"),
-        )
-        self.executor = ShardExecutor(self.plan, store)
-        self.codecs = {i.stream: i.codec for i in self.plan.inputs}
+        self.executor, self.codecs = _shard_executor(handle, self.plan)
         # upstream shard -> its earliest pending timer; the input watermark; our low watermark
         self.holds = handle.getMapState("holds", "source_shard int", "next_lw long")
         self.marks = handle.getValueState("marks", "input long, low long")

@@ -109,7 +109,8 @@ class BatchCommitter:
         # Always run the batch: Spark commits the operators' state stores only when the whole frame
         # is consumed, also when it replays a batch after a restart.
         table = frame.toArrow()
-        if load_status(status_storage(self.root, self.plan.name)).get("batch", -1) >= batch_id:
+        previous = {plan.name: load_status(status_storage(self.root, plan.name)) for plan in self.chain}
+        if previous[self.plan.name].get("batch", -1) >= batch_id:
             return  # committed before the restart: the replay must not publish it twice
         reports = table.filter(pc.equal(table["kind"], "report")).to_pylist()
         offset = self._end_offset(batch_id)
@@ -117,8 +118,7 @@ class BatchCommitter:
         senders = {name: item["watermark"] for name, item in offset["senders"].items()}
         statuses = []
         for plan in self.chain:
-            previous = load_status(status_storage(self.root, plan.name))
-            status = _next_status(previous, [r for r in reports if r["computation"] == plan.name], batch_id,
+            status = _next_status(previous[plan.name], [r for r in reports if r["computation"] == plan.name], batch_id,
                                   watermark, senders)
             statuses.append((plan, status))
             watermark, senders = status["low_watermark"], {}

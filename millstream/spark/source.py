@@ -25,8 +25,7 @@ import pyarrow as pa
 from millstream.core.plan import ComputationPlan, InputPlan, route
 from millstream.core.watermarks import WatermarkCoalescer
 from millstream.model.injector import Injector
-from millstream.model.pipeline import record_key
-from millstream.model.records import BEGINNING_OF_TIME, Record
+from millstream.model.records import BEGINNING_OF_TIME
 from millstream.spark.bundles import BUNDLE_RECORDS, DeliveryItem, pack
 from millstream.spark.storage import Storage
 from millstream.spark.streamlog import StreamLog
@@ -162,35 +161,34 @@ class InputsReader(DataSourceStreamReader):
             yield _batch([(shard, None) for shard in range(plan.shards)], partition.marks)
             return
         sender = self.senders[partition.sender]
-        feed = self._injector_records(sender, partition) if sender.injector else self._log_records(sender, partition)
-        yield from self._keyed_batches(plan, plan.input(sender.stream), feed, partition.marks)
+        input_plan = plan.input(sender.stream)
+        feed = (self._injector_records if sender.injector else self._log_records)(sender, partition, input_plan)
+        yield from self._keyed_batches(plan, input_plan, feed, partition.marks)
 
-    def _injector_records(self, sender: Sender, partition: _Partition) -> Iterator[tuple[str, bytes, int, str, Any]]:
-        codec = self.plan.computation.input(sender.stream).codec
+    def _injector_records(self, sender: Sender, partition: _Partition,
+                          input_plan: InputPlan) -> Iterator[tuple[str, str, bytes, int, str]]:
+        name = self.plan.computation.name
         for record in sender.injector.read(partition.start, partition.end):  # type: ignore[union-attr]
-            yield record.key, codec.encode(record.value), record.timestamp, record.id, record.value
+            value = input_plan.codec.encode(record.value)
+            key = input_plan.key_of_encoded(record.key, value, record.timestamp, record.id, name, record.value)
+            yield key, record.key, value, record.timestamp, record.id
 
-    def _log_records(self, sender: Sender, partition: _Partition) -> Iterator[tuple[str, bytes, int, str, Any]]:
+    def _log_records(self, sender: Sender, partition: _Partition,
+                     input_plan: InputPlan) -> Iterator[tuple[str, str, bytes, int, str]]:
+        name = self.plan.computation.name
         for table in self.log.read_batches(sender.stream, sender.producer, partition.start, partition.end):
             columns = table.to_pydict()
-            yield from zip(columns["key"], columns["value"], columns["timestamp"], columns["id"],
-                           [None] * table.num_rows)
+            for rkey, value, ts, rid in zip(columns["key"], columns["value"], columns["timestamp"], columns["id"]):
+                yield input_plan.key_of_encoded(rkey, value, ts, rid, name), rkey, value, ts, rid
 
     def _keyed_batches(self, plan: ComputationPlan, input_plan: InputPlan,
-                       feed: Iterator[tuple[str, bytes, int, str, Any]], marks: Marks) -> Iterator[pa.RecordBatch]:
-        """The deliveries of `feed`, keyed for this computation and bundled per shard."""
-        by_record_key = input_plan.key_extractor is record_key
+                       feed: Iterator[tuple[str, str, bytes, int, str]], marks: Marks) -> Iterator[pa.RecordBatch]:
+        """The keyed deliveries of `feed`, bundled per shard."""
         stream = input_plan.stream
         pending: dict[int, list[DeliveryItem]] = {}
         bundles: list[tuple[int, bytes]] = []
         shard_of: dict[str, int] = {}  # keys repeat: hash each once per partition
-        for rkey, value, ts, rid, decoded in feed:
-            if by_record_key:
-                key = rkey
-            else:
-                if decoded is None:
-                    decoded = input_plan.codec.decode(value)
-                key = input_plan.key_of(Record(rkey, decoded, ts, rid), plan.name)
+        for key, rkey, value, ts, rid in feed:
             shard = shard_of.get(key)
             if shard is None:
                 shard = shard_of[key] = route(key, plan.shards, plan.pages_per_shard)[0]
