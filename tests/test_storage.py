@@ -51,3 +51,11 @@ def test_stream_log_commits_once_per_batch_and_reads_back_in_order(location):
     assert log.first_uncommitted("s", "p") == 3
     ids = [i for _, table in log.read_all("s", ["p"]) for i in table["id"].to_pylist()]
     assert ids == ["id2-0", "id2-1", "id3-0", "id3-1", "id3-2"]
+
+
+def test_a_json_file_caught_mid_replacement_is_read_again(tmp_path, monkeypatch):
+    storage = Storage(str(tmp_path))
+    storage.write_json("latest.json", {"batch": 7})
+    reads = iter([b'{"batch": 6, "low_wat', b'{"batch": 7}'])  # the first read sees half a replacement
+    monkeypatch.setattr(storage, "read", lambda path: next(reads))
+    assert storage.read_json("latest.json") == {"batch": 7}

@@ -7,7 +7,9 @@ Every process that touches the location (driver, source planner, executors) open
 string, so a root travels to executors as text.
 
 Writes are atomic: a local file is written aside and renamed into place; an object store makes an
-object visible only once its upload completes. Readers therefore see a file whole or not at all.
+object visible only once its upload completes. Readers therefore see a file whole or not at all. Not
+every store replaces an existing object atomically, though (the S3 test server was seen serving a
+half-written replacement of a computation's status): a JSON file that does not parse is read again.
 """
 
 from __future__ import annotations
@@ -15,12 +17,16 @@ from __future__ import annotations
 import json
 import os
 import posixpath
+import time
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
+
+
+_JSON_READ_ATTEMPTS = 20
 
 
 def is_local(location: str) -> bool:
@@ -83,8 +89,16 @@ class Storage:
             raise
 
     def read_json(self, path: str) -> Any:
-        data = self.read(path)
-        return None if data is None else json.loads(data)
+        for attempt in range(_JSON_READ_ATTEMPTS):
+            data = self.read(path)
+            if data is None:
+                return None
+            try:
+                return json.loads(data)
+            except ValueError:  # a replacement still being written: read it again
+                if attempt == _JSON_READ_ATTEMPTS - 1:
+                    raise
+                time.sleep(0.05)
 
     def exists(self, path: str) -> bool:
         return self.fs.get_file_info(self._full(path)).type != pafs.FileType.NotFound
