@@ -1,6 +1,6 @@
-"""ShardExecutor, the semantic core: per-key invocation, timers, dedup by record id, lateness, ids.
+"""KeyGroupExecutor, the semantic core: per-key invocation, timers, dedup by record id, lateness, ids.
 
-Driven directly (no harness) so each step's low watermark and wall time are chosen by the test, and
+Driven directly (no harness) so each step's input points and wall time are chosen by the test, and
 compared with a plain-Python model of the documented semantics.
 """
 
@@ -12,24 +12,42 @@ from collections import defaultdict
 import pytest
 
 from millstream import Computation, ListState, Pipeline, Record, ScriptedInjector, TimeDomain, ValueState
-from millstream.core.executor import ComputationError, Delivery, MemoryShardStore, ShardExecutor
+from millstream.core.executor import ComputationError, ComputationFailed, Delivery, KeyGroupExecutor
 from millstream.core.plan import plan_computation
+from millstream.core.store import MemoryKeyStore
+from millstream.core.watermarks import Segment
 from millstream.model.records import BEGINNING_OF_TIME, END_OF_TIME, derive_record_id
 
 LW = TimeDomain.LOW_WATERMARK
 WALL = TimeDomain.WALL_TIME
 
 
-def make_executor(computation: Computation, outputs=("out",), shards: int = 1, pages: int = 4,
-                  dedup_horizon_ms: int | None = None, name: str = "comp") -> ShardExecutor:
+def make_executor(computation: Computation, outputs=("out",), dedup_horizon_ms: int | None = None,
+                  name: str = "comp", **options) -> KeyGroupExecutor:
     pipeline = Pipeline("p").add_injector("src", ScriptedInjector("src", []), "in")
     kwargs = {} if dedup_horizon_ms is None else {"dedup_horizon_ms": dedup_horizon_ms}
-    pipeline.add_computation(name, computation, ["in"], list(outputs), **kwargs)
-    return ShardExecutor(plan_computation(pipeline, name, shards, pages), MemoryShardStore())
+    pipeline.add_computation(name, computation, ["in"], list(outputs), **kwargs, **options)
+    return KeyGroupExecutor(plan_computation(pipeline, name, key_groups=1), MemoryKeyStore())
 
 
 def deliver(key: str, value, ts: int = 0, rid: str | None = None) -> Delivery:
-    return Delivery(key, "in", Record(key, value, ts, rid or f"id-{key}-{value}-{ts}"))
+    return Delivery(key, "in", Record(key, value, ts, rid or f"id-{key}-{value}-{ts}"), 0, True)
+
+
+def pending(ex: KeyGroupExecutor) -> tuple[int | None, int | None]:
+    """The earliest pending low-watermark and wall-time user timers over all keys."""
+    from millstream.core.executor import inspect_key
+    timers = [t for key in ex.store.keys() for t in inspect_key(ex.plan, ex.store.load([key])[key])[1]]
+    lw = [t.time for t in timers if t.domain is LW]
+    wall = [t.time for t in timers if t.domain is WALL]
+    return (min(lw) if lw else None), (min(wall) if wall else None)
+
+
+def step(ex: KeyGroupExecutor, deliveries, low_watermark: int, wall_time: int, advanced_watermark: int | None = None):
+    """One step with one input point: records judged by `low_watermark`, timers fired by
+    `advanced_watermark` (default: the same)."""
+    advanced = low_watermark if advanced_watermark is None else max(low_watermark, advanced_watermark)
+    return ex.step(list(deliveries), [Segment(low_watermark, advanced)], wall_time)
 
 
 # -- a scriptable computation: record values are timer operations -----------------------------------
@@ -98,81 +116,81 @@ def test_timers_fire_in_time_then_tag_order_within_a_key():
     ops = [["set", "b", 20, "low_watermark"], ["set", "z", 10, "low_watermark"],
            ["set", "a", 20, "low_watermark"], ["set", "m", 10, "low_watermark"],
            ["set", "later", 31, "low_watermark"]]
-    ex.step([deliver("k", ops)], low_watermark=0, wall_time=0)
+    step(ex, [deliver("k", ops)], low_watermark=0, wall_time=0)
     assert comp.log == []
-    result = ex.step([], low_watermark=30, wall_time=0)
+    result = step(ex, [], low_watermark=30, wall_time=0)
     assert [(t, tag) for _, t, tag, *_ in comp.log] == [(10, "m"), (10, "z"), (20, "a"), (20, "b")]
     assert result.metrics.timers_fired == 4
-    assert result.next_lw_timer == 31
+    assert pending(ex)[0] == 31
 
 
 def test_low_watermark_timer_never_fires_before_the_input_low_watermark_reaches_it():
     comp = TimerScript()
     ex = make_executor(comp)
-    ex.step([deliver("k", [["set", "t", 100, "low_watermark"]])], 0, 0)
+    step(ex, [deliver("k", [["set", "t", 100, "low_watermark"]])], 0, 0)
     for lw in (1, 50, 99):
-        ex.step([], lw, wall_time=10**9)  # wall time far ahead must not matter
+        step(ex, [], lw, wall_time=10**9)  # wall time far ahead must not matter
         assert comp.log == []
-    ex.step([], 100, 0)
+    step(ex, [], 100, 0)
     assert comp.log == [("k", 100, "t", "low_watermark", 100, 0)]
 
 
 def test_wall_time_timers_follow_the_wall_clock_not_the_low_watermark():
     comp = TimerScript()
     ex = make_executor(comp)
-    ex.step([deliver("k", [["set", "w", 1_000, "wall_time"]])], 0, 0)
-    result = ex.step([], END_OF_TIME, 999)  # low watermark at the end of time: irrelevant
-    assert comp.log == [] and result.next_wall_timer == 1_000 and result.next_lw_timer is None
-    result = ex.step([], END_OF_TIME, 1_000)
+    step(ex, [deliver("k", [["set", "w", 1_000, "wall_time"]])], 0, 0)
+    result = step(ex, [], END_OF_TIME, 999)  # low watermark at the end of time: irrelevant
+    assert comp.log == [] and pending(ex)[1] == 1_000 and pending(ex)[0] is None
+    result = step(ex, [], END_OF_TIME, 1_000)
     assert comp.log == [("k", 1_000, "w", "wall_time", END_OF_TIME, 1_000)]
-    assert result.next_wall_timer is None
+    assert pending(ex)[1] is None
 
 
 def test_timer_set_behind_the_low_watermark_fires_in_the_same_step():
     comp = TimerScript()
     ex = make_executor(comp)
-    result = ex.step([deliver("k", [["set", "behind", 40, "low_watermark"],
+    result = step(ex, [deliver("k", [["set", "behind", 40, "low_watermark"],
                                     ["set", "at", 50, "low_watermark"],
                                     ["set", "ahead", 51, "low_watermark"]])], 50, 0)
     assert [(t, tag) for _, t, tag, *_ in comp.log] == [(40, "behind"), (50, "at")]
-    assert result.next_lw_timer == 51
+    assert pending(ex)[0] == 51
 
 
 def test_timer_set_from_process_timer_behind_watermark_fires_in_the_same_step():
     comp = TimerScript()
     ex = make_executor(comp)
-    ex.step([deliver("k", [["set", "c3", 10, "low_watermark"]])], 0, 0)
-    ex.step([], 100, 0)  # c3@10 -> c2@17 -> c1@24 -> c0@31, all due at 100
+    step(ex, [deliver("k", [["set", "c3", 10, "low_watermark"]])], 0, 0)
+    step(ex, [], 100, 0)  # c3@10 -> c2@17 -> c1@24 -> c0@31, all due at 100
     assert [(t, tag) for _, t, tag, *_ in comp.log] == [(10, "c3"), (17, "c2"), (24, "c1"), (31, "c0")]
 
 
 def test_delete_timer_cancels_in_the_same_step_and_across_steps():
     comp = TimerScript()
     ex = make_executor(comp)
-    ex.step([deliver("k", [["set", "x", 10, "low_watermark"], ["del", "x"],
+    step(ex, [deliver("k", [["set", "x", 10, "low_watermark"], ["del", "x"],
                            ["set", "y", 10, "low_watermark"], ["set", "w", 5, "wall_time"]])], 0, 0)
-    result = ex.step([deliver("k", [["del", "y"], ["del", "w"], ["del", "never-set"]], ts=1)], 0, 0)
-    assert result.next_lw_timer is None and result.next_wall_timer is None
-    ex.step([], END_OF_TIME, 10**12)
+    result = step(ex, [deliver("k", [["del", "y"], ["del", "w"], ["del", "never-set"]], ts=1)], 0, 0)
+    assert pending(ex)[0] is None and pending(ex)[1] is None
+    step(ex, [], END_OF_TIME, 10**12)
     assert comp.log == []
 
 
 def test_resetting_a_tag_moves_the_timer_later_earlier_and_across_domains():
     comp = TimerScript()
     ex = make_executor(comp)
-    ex.step([deliver("k", [["set", "t", 10, "low_watermark"], ["set", "t", 30, "low_watermark"]])], 0, 0)
-    ex.step([], 20, 0)
+    step(ex, [deliver("k", [["set", "t", 10, "low_watermark"], ["set", "t", 30, "low_watermark"]])], 0, 0)
+    step(ex, [], 20, 0)
     assert comp.log == []  # moved from 10 to 30: nothing at 20
-    ex.step([deliver("k", [["set", "t", 25, "low_watermark"]], ts=21)], 20, 0)
-    ex.step([], 25, 0)
+    step(ex, [deliver("k", [["set", "t", 25, "low_watermark"]], ts=21)], 20, 0)
+    step(ex, [], 25, 0)
     assert [(t, tag) for _, t, tag, *_ in comp.log] == [(25, "t")]  # fired once, at its new time
-    ex.step([], 100, 0)
+    step(ex, [], 100, 0)
     assert len(comp.log) == 1
     # Same tag re-set in the other domain: one timer, now following the wall clock.
-    ex.step([deliver("k", [["set", "u", 200, "low_watermark"], ["set", "u", 50, "wall_time"]], ts=101)], 100, 0)
-    ex.step([], 300, 49)
+    step(ex, [deliver("k", [["set", "u", 200, "low_watermark"], ["set", "u", 50, "wall_time"]], ts=101)], 100, 0)
+    step(ex, [], 300, 49)
     assert len(comp.log) == 1
-    ex.step([], 300, 50)
+    step(ex, [], 300, 50)
     assert comp.log[-1][1:4] == (50, "u", "wall_time")
 
 
@@ -198,7 +216,7 @@ def _random_ops(rng, key_tags, lw, wall, future_only):
 def test_randomized_timers_match_plain_model(seed, future_only):
     rng = random.Random(1000 * seed + future_only)
     comp = TimerScript()
-    ex = make_executor(comp, shards=1, pages=3)
+    ex = make_executor(comp)
     model = TimerModel()
     keys = [f"key{i}" for i in range(40)]
     tags = ["a", "b", "x", "c2", "c3", "zz"]
@@ -214,7 +232,7 @@ def test_randomized_timers_match_plain_model(seed, future_only):
             if key not in touched:
                 touched.append(key)
         before = len(comp.log)
-        ex.step(deliveries, lw, wall)
+        step(ex, deliveries, lw, wall)
         model.fire(keys, lw, wall)
         # Every batch of firings for one key within a step is in (time, tag) order per domain-clock.
         batch = per_key(comp.log[before:])
@@ -222,7 +240,7 @@ def test_randomized_timers_match_plain_model(seed, future_only):
             assert [(t, tag) for _, t, tag, *_ in entries] == sorted((t, tag) for _, t, tag, *_ in entries)
         lw += rng.choice([0, 0, 5, 20, 60])
         wall += rng.choice([0, 10, 40])
-    ex.step([], END_OF_TIME, 10**12)
+    step(ex, [], END_OF_TIME, 10**12)
     model.fire(keys, END_OF_TIME, 10**12)
     assert len(comp.log) > 100
     assert per_key(comp.log) == per_key(model.log)
@@ -236,15 +254,14 @@ def test_randomized_timers_match_plain_model(seed, future_only):
                 assert seq == sorted(seq)
 
 
-def test_timers_of_many_keys_across_pages_are_all_found_via_the_index():
+def test_timers_of_many_keys_are_all_found_via_the_store_index():
     comp = TimerScript()
-    ex = make_executor(comp, shards=1, pages=16)
+    ex = make_executor(comp)
     keys = [f"k{i}" for i in range(300)]
-    ex.step([deliver(k, [["set", "t", i, "low_watermark"]]) for i, k in enumerate(keys)], -1, 0)
-    result = ex.step([], 149, 0)
+    step(ex, [deliver(k, [["set", "t", i, "low_watermark"]]) for i, k in enumerate(keys)], -1, 0)
+    step(ex, [], 149, 0)
     assert sorted(k for k, *_ in comp.log) == sorted(keys[:150])
-    assert result.next_lw_timer == 150
-    ex.step([], 10_000, 0)
+    step(ex, [], 10_000, 0)
     assert sorted(k for k, *_ in comp.log) == sorted(keys)
 
 
@@ -262,21 +279,18 @@ class Counter(Computation):
 
 
 def _count(ex, key):
-    from millstream.core.keystate import Page
-    from millstream.core.plan import route
-    blob = ex.store.load_page(route(key, ex.plan.shards, ex.plan.pages_per_shard)[1])
-    page = Page.loads(blob) if blob else None
-    return page.key_state(key).value(ex.plan.state_specs["count"]) if page else 0
+    from millstream.core.executor import inspect_key
+    return inspect_key(ex.plan, ex.store.load([key]).get(key))[0].get("count", 0)
 
 
 def test_duplicates_in_one_step_and_across_steps_are_processed_once():
     comp = Counter()
     ex = make_executor(comp)
-    r1 = Delivery("k", "in", Record("k", "a", 1, "id1"))
-    r2 = Delivery("k", "in", Record("k", "b", 1, "id2"))
-    result = ex.step([r1, r1, r2, r1], 0, 0)
+    r1 = deliver("k", "a", 1, "id1")
+    r2 = deliver("k", "b", 1, "id2")
+    result = step(ex, [r1, r1, r2, r1], 0, 0)
     assert (result.metrics.records, result.metrics.duplicates) == (2, 2)
-    result = ex.step([r2, r1], 0, 0)
+    result = step(ex, [r2, r1], 0, 0)
     assert (result.metrics.records, result.metrics.duplicates) == (0, 2)
     assert [rid for rid, *_ in comp.seen] == ["id1", "id2"]
     assert _count(ex, "k") == 2
@@ -287,20 +301,20 @@ def test_dedup_is_per_key_state():
     # record goes to one key of a computation): it is not a duplicate of the first key's record.
     comp = Counter()
     ex = make_executor(comp)
-    ex.step([Delivery("a", "in", Record("a", "x", 1, "same"))], 0, 0)
-    result = ex.step([Delivery("b", "in", Record("b", "x", 1, "same"))], 0, 0)
+    step(ex, [deliver("a", "x", 1, "same")], 0, 0)
+    result = step(ex, [deliver("b", "x", 1, "same")], 0, 0)
     assert result.metrics.records == 1
 
 
 def test_ids_beyond_the_dedup_horizon_are_forgotten():
     comp = Counter()
     ex = make_executor(comp, dedup_horizon_ms=100)
-    rec = Delivery("k", "in", Record("k", "v", 1_000, "dup"))
-    other = Delivery("k", "in", Record("k", "w", 1_000, "other"))
-    ex.step([rec], 1_000, 0)  # seen at low watermark 1000
-    assert ex.step([rec], 1_100, 0).metrics.duplicates == 1  # 100 ms later: still within the horizon
-    ex.step([other], 1_101, 0)  # the key is touched after the horizon passed: "dup" is forgotten
-    result = ex.step([rec], 1_101, 0)
+    rec = deliver("k", "v", 1_000, "dup")
+    other = deliver("k", "w", 1_000, "other")
+    step(ex, [rec], 1_000, 0)  # seen at low watermark 1000
+    assert step(ex, [rec], 1_100, 0).metrics.duplicates == 1  # 100 ms later: still within the horizon
+    step(ex, [other], 1_101, 0)  # the key is touched after the horizon passed: "dup" is forgotten
+    result = step(ex, [rec], 1_101, 0)
     assert (result.metrics.records, result.metrics.duplicates) == (1, 0)
     assert [rid for rid, *_ in comp.seen] == ["dup", "other", "dup"]
 
@@ -308,20 +322,20 @@ def test_ids_beyond_the_dedup_horizon_are_forgotten():
 def test_zero_horizon_still_dedups_within_one_low_watermark():
     comp = Counter()
     ex = make_executor(comp, dedup_horizon_ms=0)
-    rec = Delivery("k", "in", Record("k", "v", 5, "dup"))
-    ex.step([rec], 5, 0)
-    assert ex.step([rec], 5, 0).metrics.duplicates == 1
+    rec = deliver("k", "v", 5, "dup")
+    step(ex, [rec], 5, 0)
+    assert step(ex, [rec], 5, 0).metrics.duplicates == 1
 
 
 # -- lateness ----------------------------------------------------------------------------------------
 def test_late_records_reach_user_code_flagged_and_counted():
     comp = Counter()
     ex = make_executor(comp)
-    result = ex.step([
-        Delivery("k", "in", Record("k", "behind", 99, "r1")),
-        Delivery("k", "in", Record("k", "at", 100, "r2")),
-        Delivery("k", "in", Record("k", "ahead", 101, "r3")),
-        Delivery("j", "in", Record("j", "way-behind", BEGINNING_OF_TIME, "r4")),
+    result = step(ex, [
+        deliver("k", "behind", 99, "r1"),
+        deliver("k", "at", 100, "r2"),
+        deliver("k", "ahead", 101, "r3"),
+        deliver("j", "way-behind", BEGINNING_OF_TIME, "r4"),
     ], 100, 0)
     assert sorted(comp.seen) == sorted([("r1", "behind", True), ("r2", "at", False), ("r3", "ahead", False),
                                         ("r4", "way-behind", True)])
@@ -331,7 +345,7 @@ def test_late_records_reach_user_code_flagged_and_counted():
 def test_nothing_is_late_at_the_beginning_of_time():
     comp = Counter()
     ex = make_executor(comp)
-    result = ex.step([Delivery("k", "in", Record("k", "v", BEGINNING_OF_TIME, "r"))], BEGINNING_OF_TIME, 0)
+    result = step(ex, [deliver("k", "v", BEGINNING_OF_TIME, "r")], BEGINNING_OF_TIME, 0)
     assert result.metrics.late == 0
 
 
@@ -353,10 +367,10 @@ class Emitter(Computation):
 def _emitter_run():
     ex = make_executor(Emitter(), outputs=("out", "side"))
     ids = []
-    for step, lw in enumerate((0, 15, 40, 100)):
-        deliveries = [deliver(k, f"v{step}", ts=lw + 1, rid=f"{k}-{step}") for k in ("a", "b", "c")]
-        ids += [(p.stream, p.key, p.value, p.id) for p in ex.step(deliveries, lw, 0).productions]
-    ids += [(p.stream, p.key, p.value, p.id) for p in ex.step([], END_OF_TIME, 0).productions]
+    for number, lw in enumerate((0, 15, 40, 100)):
+        deliveries = [deliver(k, f"v{number}", ts=lw + 1, rid=f"{k}-{number}") for k in ("a", "b", "c")]
+        ids += [(p.stream, p.key, p.value, p.id) for p in step(ex, deliveries, lw, 0).productions]
+    ids += [(p.stream, p.key, p.value, p.id) for p in step(ex, [], END_OF_TIME, 0).productions]
     return ids
 
 
@@ -369,16 +383,16 @@ def test_production_ids_are_deterministic_and_unique():
 
 def test_production_ids_follow_documented_derivation():
     ex = make_executor(Emitter(), outputs=("out", "side"), name="emit")
-    result = ex.step([Delivery("a", "in", Record("a", "v", 1, "cause-1"))], 0, 0)
+    result = step(ex, [deliver("a", "v", 1, "cause-1")], 0, 0)
     assert [p.id for p in result.productions] == [
-        derive_record_id("emit", "r:cause-1", 0), derive_record_id("emit", "r:cause-1", 1)]
+        derive_record_id("emit", "r", "in", "cause-1", 0), derive_record_id("emit", "r", "in", "cause-1", 1)]
     # Different cause or different producer -> different id.
-    assert derive_record_id("emit", "r:cause-1", 0) != derive_record_id("emit", "r:cause-2", 0)
-    assert derive_record_id("emit", "r:cause-1", 0) != derive_record_id("other", "r:cause-1", 0)
+    assert derive_record_id("emit", "r", "in", "cause-1", 0) != derive_record_id("emit", "r", "in", "cause-2", 0)
+    assert derive_record_id("emit", "r", "in", "cause-1", 0) != derive_record_id("other", "r", "in", "cause-1", 0)
 
 
 def test_timer_production_ids_stay_unique_after_key_state_is_garbage_collected():
-    """A key whose state, timers and dedup ids are all gone is dropped from its page. The timers it
+    """A key whose state, timers and dedup ids are all gone is dropped from its store. The timers it
     fires later must still produce fresh ids, or a consumer that still remembers the earlier ids would
     discard the new records as duplicates (window after window of a per-key aggregation)."""
 
@@ -393,10 +407,10 @@ def test_timer_production_ids_stay_unique_after_key_state_is_garbage_collected()
     ids = []
     for n in range(5):
         t = 1_000 * (n + 1)
-        ex.step([deliver("k", n, ts=t, rid=f"r{n}")], t - 900, 0)
+        step(ex, [deliver("k", n, ts=t, rid=f"r{n}")], t - 900, 0)
         # Fires at t; the record id (seen at t - 900) is past the horizon and forgotten, so the key
         # has no state, no timers and no ids left.
-        ids += [p.id for p in ex.step([], t, 0).productions]
+        ids += [p.id for p in step(ex, [], t, 0).productions]
     assert len(ids) == 5
     assert len(set(ids)) == 5, "a timer production reused the id of an earlier one"
 
@@ -428,8 +442,8 @@ class Misuse(Computation):
 ])
 def test_context_misuse_raises_a_clear_computation_error(action, message):
     ex = make_executor(Misuse(action))
-    with pytest.raises(ComputationError, match=message):
-        ex.step([deliver("k", 1)], 0, 0)
+    with pytest.raises(ComputationFailed, match=message):
+        step(ex, [deliver("k", 1)], 0, 0)
 
 
 def test_failed_step_writes_nothing():
@@ -443,13 +457,13 @@ def test_failed_step_writes_nothing():
                 raise RuntimeError("user bug")
 
     ex = make_executor(FailOnBoom())
-    ex.step([deliver("k", "ok", rid="a")], 0, 0)
-    snapshot = (ex.store.index, dict(ex.store.pages))
-    with pytest.raises(RuntimeError, match="user bug"):
-        ex.step([deliver("k", "ok2", rid="b"), deliver("k", "boom", rid="c")], 0, 0)
-    assert (ex.store.index, ex.store.pages) == snapshot
+    step(ex, [deliver("k", "ok", rid="a")], 0, 0)
+    snapshot = dict(ex.store.blobs)
+    with pytest.raises(ComputationFailed, match="user bug"):
+        step(ex, [deliver("k", "ok2", rid="b"), deliver("k", "boom", rid="c")], 0, 0)
+    assert ex.store.blobs == snapshot
     # The failed records were not marked seen: a retry processes them.
-    result = ex.step([deliver("k", "ok2", rid="b")], 0, 0)
+    result = step(ex, [deliver("k", "ok2", rid="b")], 0, 0)
     assert result.metrics.records == 1 and _count(ex, "k") == 2
 
 
@@ -491,34 +505,26 @@ def test_set_false_is_not_confused_with_a_default_of_zero():
     assert harness.state("flag", "k")["flag"] is False
 
 
-class _OnePageAtATimeStore(MemoryShardStore):
-    """Fails if a page is read while another page of the same step is still unwritten."""
+class _CountingStore(MemoryKeyStore):
+    """Counts the keys a step reads."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.open_page: int | None = None
-        self.pages_read = 0
+        self.loaded: list[str] = []
 
-    def load_page(self, page):
-        assert self.open_page is None, f"page {page} read while page {self.open_page} is still held"
-        self.open_page = page
-        self.pages_read += 1
-        return super().load_page(page)
-
-    def save_page(self, page, blob):
-        assert self.open_page == page
-        self.open_page = None
-        super().save_page(page, blob)
+    def load(self, keys):
+        keys = list(keys)
+        self.loaded.extend(keys)
+        return super().load(keys)
 
 
-def test_a_step_holds_one_page_in_memory_at_a_time():
-    # Bounded memory: a shard's keys are processed page by page, whatever the key count.
-    store = _OnePageAtATimeStore()
-    ex = make_executor(TimerScript(), pages=8)
-    ex.store = store
+def test_a_step_reads_only_the_keys_with_records_or_due_work():
+    # Cost follows the touched keys, not the key group's size.
+    ex = make_executor(TimerScript())
+    ex.store = store = _CountingStore()
     keys = [f"k{i}" for i in range(200)]
-    ex.step([deliver(k, [["set", "t", 50, "low_watermark"]], rid=f"{k}-1") for k in keys], 0, 0)
-    assert store.pages_read == 8
-    result = ex.step([deliver(k, [], rid=f"{k}-2") for k in keys[:3]], 0, 0, advanced_watermark=60)
-    assert result.metrics.timers_fired == 200 and result.next_lw_timer is None
-    assert len(ex.plan.computation.log) == 200
+    step(ex, [deliver(k, [["set", "t", 50 + i, "low_watermark"]], rid=f"{k}-1") for i, k in enumerate(keys)], 0, 0)
+    store.loaded.clear()
+    result = step(ex, [deliver(k, [], rid=f"{k}-2") for k in keys[:3]], 0, 0, advanced_watermark=59)
+    assert sorted(store.loaded) == sorted(set(keys[:3]) | set(keys[:10]))
+    assert result.metrics.timers_fired == 10

@@ -105,7 +105,7 @@ def test_multi_stage_watermarks_are_monotonic_timers_fire_when_passed_and_timer_
     keys = [f"q{i}" for i in range(12)]
     events = make_events(rng, 600, keys)
     p, windower, summer, auditor = three_stage()
-    h = PipelineHarness(p, shards=3, pages_per_shard=2)
+    h = PipelineHarness(p, key_groups=3)
     pending = set(range(len(events)))  # indices not yet fed
     delayed: dict[int, int] = {}  # index -> batches left to wait
     cursor = 0
@@ -244,10 +244,10 @@ def test_redelivered_ids_are_processed_once_within_and_across_steps():
 def test_injector_replay_of_an_interval_is_deduplicated():
     inj = ScriptedInjector("src", [([Record("k", i, i) for i in range(4)], 3), ([Record("j", 9, 9)], 9)])
     h = PipelineHarness(counting_pipeline())
-    start = inj.initial_offset()
-    end = inj.latest_offset(inj.latest_offset(start, None), None)
+    start = inj.initial_offset("0")
+    end = inj.latest_offset("0", inj.latest_offset("0", start, None), None)
     for _ in range(3):  # read the same offsets three times, as a restarted runner would
-        h.feed("src", inj.read(start, end))
+        h.feed("src", inj.read("0", start, end))
         h.step()
     assert h.metrics("count").records == 5 and h.metrics("count").duplicates == 10
     assert h.state("count", "k") == {"n": 4}
@@ -304,7 +304,7 @@ def test_consecutive_windows_of_one_key_all_reach_the_consumer():
 def scripted_run(shards):
     rng = random.Random(3)
     p, *_ = three_stage()
-    h = PipelineHarness(p, shards=shards, pages_per_shard=3)
+    h = PipelineHarness(p, key_groups=shards)
     ts = 0
     for step in range(25):
         for name in ("src1", "src2"):
@@ -408,7 +408,7 @@ def test_low_watermark_timer_fires_in_the_step_that_passes_it():
 @pytest.mark.parametrize("seed", range(3))
 def test_randomized_timers_through_the_harness_fire_in_order_and_only_when_due(seed):
     rng = random.Random(seed)
-    h, comp = timer_harness(shards=3, pages_per_shard=2)
+    h, comp = timer_harness(key_groups=3)
     keys = [f"k{i}" for i in range(30)]
     tags = ["a", "b", "c", "d"]
     pending: dict[str, dict[str, tuple[int, str]]] = defaultdict(dict)  # model

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+import time
 import types
 
 import pytest
@@ -20,20 +22,20 @@ from millstream import (
     ValueState,
 )
 from millstream.injectors import generator as generator_module
-from millstream.injectors.files import DONE_MARKER, FileFormatError
+from millstream.injectors.files import DONE_MARKER
 from millstream.model.records import derive_record_id
 from millstream.testing import PipelineHarness
 
 
 def drain(injector, max_records=None, limit=1000):
     """Read an injector to the end through its contract: [(records, watermark)] per read."""
-    offset = injector.initial_offset()
+    offset = injector.initial_offset("0")
     reads = []
     for _ in range(limit):
-        end = injector.latest_offset(offset, max_records)
+        end = injector.latest_offset("0", offset, max_records)
         if end == offset:
             break
-        reads.append((list(injector.read(offset, end)), injector.low_watermark(end)))
+        reads.append((list(injector.read("0", offset, end)), injector.low_watermark("0", end)))
         offset = end
     return reads, offset
 
@@ -62,20 +64,20 @@ def harness_over(injector, **kwargs):
 def test_scripted_releases_one_step_per_read_with_its_watermark():
     inj = ScriptedInjector("s", [([Record("a", 1, 10), Record("b", 2, 12)], 10), ([], 20),
                                   ([Record("a", 3, 25)], 25)])
-    assert inj.low_watermark(inj.initial_offset()) == BEGINNING_OF_TIME
+    assert inj.low_watermark("0", inj.initial_offset("0")) == BEGINNING_OF_TIME
     reads, final = drain(inj)
     assert [([r.value for r in recs], wm) for recs, wm in reads] == [([1, 2], 10), ([], 20), ([3], END_OF_TIME)]
-    assert inj.is_finished(final)
-    assert not inj.is_finished({"step": 2})
-    assert inj.low_watermark({"step": 2}) == 20
+    assert inj.is_finished("0", final)
+    assert not inj.is_finished("0", {"step": 2})
+    assert inj.low_watermark("0", {"step": 2}) == 20
 
 
 def test_scripted_without_finish_keeps_the_last_watermark():
     inj = ScriptedInjector("s", [([Record("a", 1, 10)], 10)], finish=False)
     reads, final = drain(inj)
-    assert reads[-1][1] == 10 and not inj.is_finished(final)
-    assert ScriptedInjector("e", [], finish=False).low_watermark({"step": 0}) == BEGINNING_OF_TIME
-    assert ScriptedInjector("e", []).low_watermark({"step": 0}) == END_OF_TIME
+    assert reads[-1][1] == 10 and not inj.is_finished("0", final)
+    assert ScriptedInjector("e", [], finish=False).low_watermark("0", {"step": 0}) == BEGINNING_OF_TIME
+    assert ScriptedInjector("e", []).low_watermark("0", {"step": 0}) == END_OF_TIME
 
 
 def test_scripted_ids_are_deterministic_distinct_and_explicit_ids_kept():
@@ -93,7 +95,7 @@ def test_scripted_ids_are_deterministic_distinct_and_explicit_ids_kept():
 def test_scripted_rereading_an_interval_gives_identical_records():
     inj = ScriptedInjector("s", [([Record("a", i, i) for i in range(5)], 4), ([Record("b", 9, 9)], 9)])
     start, end = {"step": 0}, {"step": 2}
-    assert list(inj.read(start, end)) == list(inj.read(start, end))
+    assert list(inj.read("0", start, end)) == list(inj.read("0", start, end))
 
 
 def test_scripted_watermark_may_not_go_back():
@@ -122,23 +124,23 @@ def honest(n: int) -> int:
 
 def test_generator_read_is_deterministic_replay():
     inj = GeneratorInjector(make, total=100, low_watermark=honest, max_records_per_read=30)
-    offset = inj.latest_offset(inj.initial_offset(), None)
-    first, second = list(inj.read(inj.initial_offset(), offset)), list(inj.read(inj.initial_offset(), offset))
+    offset = inj.latest_offset("0", inj.initial_offset("0"), None)
+    first, second = list(inj.read("0", inj.initial_offset("0"), offset)), list(inj.read("0", inj.initial_offset("0"), offset))
     assert first == second and len(first) == 30
     assert [r.value for r in first] == list(range(30))
     # The next interval starts where the previous ended: no overlap, no gap.
-    nxt = inj.latest_offset(offset, 10)
-    assert [r.value for r in inj.read(offset, nxt)] == list(range(30, 40))
+    nxt = inj.latest_offset("0", offset, 10)
+    assert [r.value for r in inj.read("0", offset, nxt)] == list(range(30, 40))
     assert json.loads(json.dumps(nxt)) == nxt  # offsets are checkpointable
 
 
 def test_generator_watermark_is_the_callers_until_the_end():
     inj = GeneratorInjector(make, total=100, low_watermark=honest)
-    assert inj.low_watermark({"next": 0, "started_ms": 0}) == honest(0)
-    assert inj.low_watermark({"next": 42, "started_ms": 0}) == honest(42)
-    assert inj.low_watermark({"next": 100, "started_ms": 0}) == END_OF_TIME
+    assert inj.low_watermark("0", {"next": 0, "started_ms": 0}) == honest(0)
+    assert inj.low_watermark("0", {"next": 42, "started_ms": 0}) == honest(42)
+    assert inj.low_watermark("0", {"next": 100, "started_ms": 0}) == END_OF_TIME
     reads, final = drain(inj, max_records=17)
-    assert inj.is_finished(final)
+    assert inj.is_finished("0", final)
     assert [len(recs) for recs, _ in reads] == [17] * 5 + [15]
     assert [wm for _, wm in reads] == [honest(17 * n) for n in range(1, 6)] + [END_OF_TIME]
     # Honesty of the watermark the caller supplied: nothing read later is behind it.
@@ -152,7 +154,7 @@ def test_generator_watermark_is_the_callers_until_the_end():
 def test_generator_with_no_records_finishes_immediately():
     inj = GeneratorInjector(make, total=0, low_watermark=honest)
     reads, final = drain(inj)
-    assert sum(len(r) for r, _ in reads) == 0 and inj.is_finished(final)
+    assert sum(len(r) for r, _ in reads) == 0 and inj.is_finished("0", final)
     with pytest.raises(ValueError, match="total must be >= 0"):
         GeneratorInjector(make, total=-1, low_watermark=honest)
 
@@ -191,15 +193,15 @@ def test_generator_pacing_follows_the_clock_and_replays_without_it(monkeypatch):
     clock = types.SimpleNamespace(time=lambda: 1_000.0)
     monkeypatch.setattr(generator_module, "time", clock)
     inj = GeneratorInjector(make, total=100, low_watermark=honest, records_per_second=10)
-    first = inj.latest_offset(inj.initial_offset(), None)
+    first = inj.latest_offset("0", inj.initial_offset("0"), None)
     assert first == {"next": 0, "started_ms": 1_000_000}
     clock.time = lambda: 1_002.5
-    second = inj.latest_offset(first, None)
+    second = inj.latest_offset("0", first, None)
     assert second["next"] == 25
-    assert inj.latest_offset(second, None) == second  # nothing new until the clock moves
+    assert inj.latest_offset("0", second, None) == second  # nothing new until the clock moves
     clock.time = lambda: 5_000.0
-    assert inj.latest_offset(second, None)["next"] == 100
-    assert [r.value for r in inj.read(first, second)] == list(range(25))
+    assert inj.latest_offset("0", second, None)["next"] == 100
+    assert [r.value for r in inj.read("0", first, second)] == list(range(25))
 
 
 # -- FileInjector ----------------------------------------------------------------------------------
@@ -218,83 +220,153 @@ def rec(key, value, ts, **extra):
 
 def test_file_watermark_is_min_creation_time_of_unread_files(tmp_path):
     d = str(tmp_path)
-    write(d, "c.jsonl", [rec("a", 3, 3_100)], 3_000)
-    write(d, "a.jsonl", [rec("a", 1, 1_100)], 1_000)
-    write(d, "b.jsonl", [rec("b", 2, 2_100)], 2_000)
-    inj = FileInjector(d, max_files_per_read=1)
-    o0 = inj.initial_offset()
-    assert inj.low_watermark(o0) == BEGINNING_OF_TIME
-    o1 = inj.latest_offset(o0, None)
-    assert [r.value for r in inj.read(o0, o1)] == [1]  # oldest file first
-    assert inj.low_watermark(o1) == 2_000  # b and c unread: min creation time 2000
-    o2 = inj.latest_offset(o1, None)
-    assert [r.value for r in inj.read(o1, o2)] == [2] and inj.low_watermark(o2) == 3_000
-    o3 = inj.latest_offset(o2, None)
-    assert [r.value for r in inj.read(o2, o3)] == [3]
-    assert inj.low_watermark(o3) == 3_000  # all known read: newest creation time read
-    assert inj.latest_offset(o3, None) == o3
-    assert not inj.is_finished(o3)
-    # A new file (created later) appears.
-    write(d, "d.jsonl", [rec("a", 4, 4_100)], 4_000)
-    o4 = inj.latest_offset(o3, None)
-    assert [r.value for r in inj.read(o3, o4)] == [4] and inj.low_watermark(o4) == 4_000
+    write(d, "log-3000.jsonl", [rec("a", 3, 3_100)], 0)
+    write(d, "log-1000.jsonl", [rec("a", 1, 1_100)], 0)
+    write(d, "log-2000.jsonl", [rec("b", 2, 2_100)], 0)
+    inj = FileInjector(d, max_files_per_read=1, creation="name")
+    o0 = inj.initial_offset("0")
+    assert inj.low_watermark("0", o0) == BEGINNING_OF_TIME
+    o1 = inj.latest_offset("0", o0, None)
+    assert [r.value for r in inj.read("0", o0, o1)] == [1]  # oldest file first
+    assert inj.low_watermark("0", o1) == 2_000  # two unread: min creation time 2000
+    o2 = inj.latest_offset("0", o1, None)
+    assert [r.value for r in inj.read("0", o1, o2)] == [2] and inj.low_watermark("0", o2) == 3_000
+    o3 = inj.latest_offset("0", o2, None)
+    assert [r.value for r in inj.read("0", o2, o3)] == [3]
+    assert inj.low_watermark("0", o3) == 3_000  # all known read: newest creation time read
+    assert inj.latest_offset("0", o3, None) == o3
+    assert not inj.is_finished("0", o3)
+    write(d, "log-4000.jsonl", [rec("a", 4, 4_100)], 0)  # a new file, created later
+    o4 = inj.latest_offset("0", o3, None)
+    assert [r.value for r in inj.read("0", o3, o4)] == [4] and inj.low_watermark("0", o4) == 4_000
     # _DONE: once everything is read the watermark is END_OF_TIME.
     open(os.path.join(d, DONE_MARKER), "w").close()
-    o5 = inj.latest_offset(o4, None)
-    assert list(inj.read(o4, o5)) == [] and inj.low_watermark(o5) == END_OF_TIME and inj.is_finished(o5)
+    o5 = inj.latest_offset("0", o4, None)
+    assert list(inj.read("0", o4, o5)) == [] and inj.low_watermark("0", o5) == END_OF_TIME and inj.is_finished("0", o5)
     assert json.loads(json.dumps(o5)) == o5
+
+
+def test_file_names_with_a_visibility_bound_hold_the_watermark_back(tmp_path):
+    d = str(tmp_path)
+    write(d, "log-5000.jsonl", [rec("a", 1, 5_100)], 0)
+    inj = FileInjector(d, creation="name", max_write_ms=300)
+    o1 = inj.latest_offset("0", inj.initial_offset("0"), None)
+    assert inj.low_watermark("0", o1) == 4_700  # a file created up to 300 ms earlier may still appear
 
 
 def test_file_done_waits_for_unread_files(tmp_path):
     d = str(tmp_path)
     for i in range(3):
-        write(d, f"f{i}.jsonl", [rec("k", i, 100 * i)], 100 * i)
+        write(d, f"f{100 * i}.jsonl", [rec("k", i, 100 * i)], 0)
     open(os.path.join(d, DONE_MARKER), "w").close()
-    inj = FileInjector(d, max_files_per_read=2)
-    o1 = inj.latest_offset(inj.initial_offset(), None)
-    assert inj.low_watermark(o1) == 200 and not inj.is_finished(o1)
-    o2 = inj.latest_offset(o1, None)
-    assert inj.low_watermark(o2) == END_OF_TIME
+    inj = FileInjector(d, max_files_per_read=2, creation="name")
+    o1 = inj.latest_offset("0", inj.initial_offset("0"), None)
+    assert inj.low_watermark("0", o1) == 200 and not inj.is_finished("0", o1)
+    o2 = inj.latest_offset("0", o1, None)
+    assert inj.low_watermark("0", o2) == END_OF_TIME
 
 
 def test_file_watermark_never_goes_back_when_an_older_file_shows_up(tmp_path):
     d = str(tmp_path)
-    write(d, "new.jsonl", [rec("k", 1, 5_000)], 5_000)
-    inj = FileInjector(d)
-    o1 = inj.latest_offset(inj.initial_offset(), None)
-    write(d, "old.jsonl", [rec("k", 2, 1_000)], 1_000)  # breaks the writer contract
-    o2 = inj.latest_offset(o1, None)
-    assert inj.low_watermark(o2) == 5_000
-    assert [r.value for r in inj.read(o1, o2)] == [2]
+    write(d, "new-5000.jsonl", [rec("k", 1, 5_000)], 0)
+    inj = FileInjector(d, creation="name")
+    o1 = inj.latest_offset("0", inj.initial_offset("0"), None)
+    write(d, "old-1000.jsonl", [rec("k", 2, 1_000)], 0)  # breaks the writer contract
+    o2 = inj.latest_offset("0", o1, None)
+    assert inj.low_watermark("0", o2) == 5_000
+    assert [r.value for r in inj.read("0", o1, o2)] == [2]
 
 
-def test_file_creation_time_is_exact_to_the_millisecond(tmp_path):
+def test_file_mtime_is_exact_to_the_millisecond(tmp_path, monkeypatch):
     # Modification times have nanosecond precision; as a float in seconds they can round up into the
-    # next millisecond. The creation time is the millisecond the file was created in.
+    # next millisecond. The creation estimate uses the millisecond the file was last written in.
+    from millstream.injectors import files
+
+    monkeypatch.setattr(files, "now_ms", lambda: 1_800_000_000_000)
     d = str(tmp_path)
     write(d, "older.jsonl", [rec("k", 1, 1_600_000_000_000)], 1_600_000_000_000)
     path = write(d, "newer.jsonl", [rec("k", 2, 1_700_000_000_123)], 0)
     ns = 1_700_000_000_123 * 1_000_000 + 999_999  # just below the next millisecond
     os.utime(path, ns=(ns, ns))
-    inj = FileInjector(d, max_files_per_read=1)
-    o1 = inj.latest_offset(inj.initial_offset(), None)
+    inj = FileInjector(d, max_files_per_read=1, max_write_ms=100)
+    o1 = inj.latest_offset("0", inj.initial_offset("0"), None)
     assert o1["read"] == ["older.jsonl"]
-    assert inj.low_watermark(o1) == 1_700_000_000_123  # the unread file's creation time
-    o2 = inj.latest_offset(o1, None)
-    assert inj.low_watermark(o2) == 1_700_000_000_123  # everything read: the newest creation time
+    assert inj.low_watermark("0", o1) == 1_700_000_000_023  # the unread file's mtime minus the write bound
+    o2 = inj.latest_offset("0", o1, None)
+    # Everything read: a file not visible yet started at most max_write_ms before now.
+    assert inj.low_watermark("0", o2) == 1_800_000_000_000 - 100
+
+
+def _slow_writer(directory: str, name: str, records: int, pause_s: float, started: threading.Event | None = None):
+    """An ordinary writer: writes a file elsewhere, one record at a time stamped with the real time
+    of writing, then renames it into the log directory. The file's mtime is the end of writing."""
+    scratch = os.path.join(directory, "..", "scratch-" + name)
+    with open(scratch, "w", encoding="utf-8") as out:
+        for i in range(records):
+            out.write(json.dumps(rec("k", f"{name}-{i}", int(time.time() * 1000))) + "\n")
+            out.flush()
+            if started is not None and i == 0:
+                started.set()
+            time.sleep(pause_s)
+    os.rename(scratch, os.path.join(directory, name))
+
+
+def _late_records_reading_while_files_are_written(directory: str, inj: FileInjector) -> tuple[int, int]:
+    """Read the directory while two overlapping slow writers work (the second starts before the
+    first ends and is renamed after it); returns (records read, records behind the watermark of
+    the read before)."""
+    os.makedirs(directory)
+    first_started = threading.Event()
+    writers = [threading.Thread(target=_slow_writer, args=(directory, "a.jsonl", 6, 0.05, first_started)),
+               threading.Thread(target=_slow_writer, args=(directory, "b.jsonl", 12, 0.05))]
+    writers[0].start()
+    first_started.wait()
+    time.sleep(0.1)
+    writers[1].start()
+    offset, read, late = inj.initial_offset("0"), 0, 0
+    while any(w.is_alive() for w in writers) or not inj.latest_offset("0", offset, None)["read"] == offset["read"]:
+        end = inj.latest_offset("0", offset, None)
+        watermark_before = inj.low_watermark("0", offset)
+        for record in inj.read("0", offset, end):
+            read += 1
+            late += record.timestamp < watermark_before
+        offset = end
+        time.sleep(0.02)
+    return read, late
+
+
+def test_ordinary_write_then_rename_writers_get_an_honest_watermark(tmp_path):
+    # Real file times, nothing set by hand: with the declared write bound no record arrives behind
+    # the watermark; taking mtimes as creation times (no bound) makes records late.
+    read, late = _late_records_reading_while_files_are_written(
+        str(tmp_path / "bounded"), FileInjector(str(tmp_path / "bounded"), max_write_ms=2_000))
+    assert (read, late) == (18, 0)
+    read, late = _late_records_reading_while_files_are_written(
+        str(tmp_path / "naive"), FileInjector(str(tmp_path / "naive"), max_write_ms=0))
+    assert read == 18 and late > 0
 
 
 def test_file_ids_are_stable_across_rereads_and_instances(tmp_path):
     d = str(tmp_path)
-    write(d, "a.jsonl", [rec("k", 1, 1), "", rec("k", 1, 1), rec("k", 2, 2, id="explicit")], 10)
+    write(d, "a.jsonl", [rec("k", 1, 1), "", rec("k", 1, 1), rec("k", 2, 2, id="explicit"), rec("k", 3, 3, id=0)], 10)
     inj = FileInjector(d)
-    start = inj.initial_offset()
-    end = inj.latest_offset(start, None)
-    first = list(inj.read(start, end))
-    assert first == list(inj.read(start, end)) == list(FileInjector(d).read(start, end))
+    start = inj.initial_offset("0")
+    end = inj.latest_offset("0", start, None)
+    first = list(inj.read("0", start, end))
+    assert first == list(inj.read("0", start, end)) == list(FileInjector(d).read("0", start, end))
     assert [r.id for r in first][2] == "explicit"
+    assert [r.id for r in first][3] == "0"  # an explicit falsy id is the record's id
     assert first[0].id != first[1].id  # identical lines, different line numbers
     assert all(r.id for r in first)
+
+
+def test_an_explicit_falsy_id_is_deduplicated(tmp_path):
+    d = str(tmp_path)
+    write(d, "a-1.jsonl", [rec("k", "x", 5, id=0)], 0)
+    write(d, "b-2.jsonl", [rec("k", "x", 5, id=0)], 0)
+    h, comp = harness_over(FileInjector(d, creation="name"))
+    h.run_injectors()
+    assert len(comp.records) == 1 and h.metrics("c").duplicates == 1
 
 
 def test_file_records_of_two_directories_do_not_collide(tmp_path):
@@ -323,13 +395,37 @@ def test_file_records_of_two_directories_do_not_collide(tmp_path):
     (json.dumps(rec("k", 1, 1.5)), "timestamp integer milliseconds"),
     (json.dumps(rec("k", 1, True)), "timestamp integer milliseconds"),
 ])
-def test_malformed_line_names_file_and_line(tmp_path, line, problem):
+def test_malformed_line_is_yielded_with_file_and_line(tmp_path, line, problem):
     d = str(tmp_path)
-    write(d, "bad.jsonl", [rec("k", 1, 1), "", line], 10)
+    write(d, "bad.jsonl", [rec("k", 1, 1), "", line, rec("k", 2, 2)], 10)
     inj = FileInjector(d)
-    start = inj.initial_offset()
-    with pytest.raises(FileFormatError, match=rf"^bad\.jsonl:3: .*{problem}"):
-        list(inj.read(start, inj.latest_offset(start, None)))
+    start = inj.initial_offset("0")
+    items = list(inj.read("0", start, inj.latest_offset("0", start, None)))
+    assert [type(i).__name__ for i in items] == ["Record", "Malformed", "Record"]
+    assert items[1].position == "bad.jsonl:3" and problem in items[1].error and items[1].raw == line
+
+
+def test_malformed_input_goes_to_dead_letters_and_the_pipeline_goes_on(tmp_path):
+    d = str(tmp_path)
+    write(d, "log-1.jsonl", [rec("k", 1, 1), "{oops", rec("k", 2, 2)], 0)
+    h, comp = harness_over(FileInjector(d, creation="name"))
+    h.run_injectors()
+    assert [r.value for r in comp.records] == [1, 2]
+    [letter] = h.dead_letters()
+    assert letter["record_id"] == "log-1.jsonl:2" and letter["value"] == "{oops" and letter["sender"] == "src"
+    assert "not a record line" in letter["error"] and letter["computation"] == "c"
+
+
+def test_malformed_input_with_the_fail_policy_stops_with_file_and_line(tmp_path):
+    from millstream.testing.harness import InjectorFailed
+
+    d = str(tmp_path)
+    write(d, "log-1.jsonl", [rec("k", 1, 1), "{oops"], 0)
+    comp = Collect()
+    p = (Pipeline("p").add_injector("src", FileInjector(d, creation="name"), "in", on_malformed="fail")
+         .add_computation("c", comp, ["in"]))
+    with pytest.raises(InjectorFailed, match=r"injector 'src'.*log-1\.jsonl:2.*not a record line"):
+        PipelineHarness(p).run_injectors()
 
 
 def test_file_listing_ignores_other_suffixes_hidden_files_and_missing_directory(tmp_path):
@@ -339,20 +435,21 @@ def test_file_listing_ignores_other_suffixes_hidden_files_and_missing_directory(
     write(d, "notes.txt", ["not a record"], 1)
     write(d, "other.csv", ["x"], 1)
     inj = FileInjector(d)
-    end = inj.latest_offset(inj.initial_offset(), None)
-    assert end["read"] == ["ok.jsonl"] and [r.value for r in inj.read(inj.initial_offset(), end)] == [1]
-    missing = FileInjector(str(tmp_path / "nope"))
-    assert missing.latest_offset(missing.initial_offset(), None) == missing.initial_offset()
-    assert FileInjector(d, suffix=".txt").latest_offset({"read": [], "watermark": BEGINNING_OF_TIME,
+    end = inj.latest_offset("0", inj.initial_offset("0"), None)
+    assert end["read"] == ["ok.jsonl"] and [r.value for r in inj.read("0", inj.initial_offset("0"), end)] == [1]
+    missing = FileInjector(str(tmp_path / "nope"), max_write_ms=1_000)
+    nothing = missing.latest_offset("0", missing.initial_offset("0"), None)
+    assert nothing["read"] == [] and nothing["watermark"] >= time.time() * 1000 - 1_000 - 60_000
+    assert FileInjector(d, suffix=".txt").latest_offset("0", {"read": [], "watermark": BEGINNING_OF_TIME,
                                                          "done": False}, None)["read"] == ["notes.txt"]
 
 
 def test_file_injector_through_harness(tmp_path):
     d = str(tmp_path)
     for i in range(5):
-        write(d, f"log{i}.jsonl", [rec(f"k{j}", [i, j], 1_000 * i + j) for j in range(4)], 1_000 * i)
+        write(d, f"log{1_000 * i}.jsonl", [rec(f"k{j}", [i, j], 1_000 * i + j) for j in range(4)], 0)
     open(os.path.join(d, DONE_MARKER), "w").close()
-    h, comp = harness_over(FileInjector(d, max_files_per_read=2))
+    h, comp = harness_over(FileInjector(d, max_files_per_read=2, creation="name"))
     h.run_injectors()
     assert sorted(tuple(r.value) for r in comp.records) == [(i, j) for i in range(5) for j in range(4)]
     assert comp.late == [] and h.input_watermark("c") == END_OF_TIME

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from millstream.core.executor import ComputationFailed
+
 from millstream import Computation, PickleCodec, Pipeline, PipelineError, Record, ScriptedInjector
 from millstream.testing import PipelineHarness
 
@@ -98,9 +100,18 @@ def test_sink_on_unknown_stream():
         p.validate()
 
 
-def test_sink_format():
-    with pytest.raises(PipelineError, match=r"sink 'out': format must be 'jsonl' or 'parquet', got 'csv'"):
-        base().add_sink("out", "events", "/tmp/x", format="csv")
+def test_sink_format_and_kind():
+    with pytest.raises(PipelineError, match=r"sink 'out': format must be a format name such as 'jsonl' or "
+                                            r"'parquet', got 'no such'"):
+        base().add_sink("out", "events", "/tmp/x", format="no such")
+    with pytest.raises(PipelineError, match=r"sink 'out': give exactly one of path=, writer= or table="):
+        base().add_sink("out", "events", "/tmp/x", writer=lambda df, batch: None)
+    with pytest.raises(PipelineError, match=r"sink 'out': give exactly one of path=, writer= or table="):
+        base().add_sink("out", "events")
+    with pytest.raises(PipelineError, match=r"sink 'out': writer must be callable"):
+        base().add_sink("out", "events", writer="not callable")
+    assert base().add_sink("out", "events", "/tmp/x", format="csv").sinks["out"].is_file_sink is False
+    assert base().add_sink("out", "events", "/tmp/x").sinks["out"].is_file_sink is True
 
 
 @pytest.mark.parametrize("obj, shown", [
@@ -126,7 +137,7 @@ def test_non_injector_object():
     ({"inputs": ["events"], "outputs": "out"}, r"outputs of 'c' must be a list of stream names, not a string"),
     ({"inputs": ["events"], "outputs": ["o", "o"]}, r"computation 'c' lists an output stream twice"),
     ({"inputs": ["events"], "production": "medium"}, r"production of 'c' must be 'strong' or 'weak', got 'medium'"),
-    ({"inputs": ["events"], "dedup_horizon_ms": -1}, r"dedup_horizon_ms of 'c' must be >= 0"),
+    ({"inputs": ["events"], "dedup_horizon_ms": -1}, r"dedup_horizon_ms of 'c' must be an int >= 0"),
 ])
 def test_add_computation_argument_errors(kwargs, message):
     with pytest.raises(PipelineError, match=message):
@@ -179,16 +190,18 @@ def _extractor_harness(extractor):
 
 def test_key_extractor_returning_a_non_str_names_computation_and_stream():
     h = _extractor_harness(lambda r: r.value["user"])
-    with pytest.raises(PipelineError, match=r"key extractor of computation 'counter' for stream 'events' returned "
-                                            r"int 42; keys must be str"):
-        h.feed("src", [Record("k", {"user": 42}, 0)])
+    h.feed("src", [Record("k", {"user": 42}, 0)])
+    with pytest.raises(ComputationFailed, match=r"computation 'counter': key extractor for stream 'events' failed: "
+                                                r"TypeError: returned int 42; keys must be str"):
+        h.run()
 
 
 def test_raising_key_extractor_names_computation_stream_and_record():
     h = _extractor_harness(lambda r: r.value["user"])
-    with pytest.raises(PipelineError, match=r"key extractor of computation 'counter' for stream 'events' failed on "
-                                            r"record 'rec-1': KeyError: 'user'") as info:
-        h.feed("src", [Record("k", {"name": "x"}, 0, "rec-1")])
+    h.feed("src", [Record("k", {"name": "x"}, 0, "rec-1")])
+    with pytest.raises(ComputationFailed, match=r"computation 'counter': key extractor for stream 'events' failed: "
+                                                r"KeyError: 'user', on record 'rec-1'") as info:
+        h.run()
     assert isinstance(info.value.__cause__, KeyError)
 
 
@@ -201,7 +214,8 @@ def test_bad_extractor_on_a_computation_output_is_reported_when_produced():
         "down", Noop(), {"mid": lambda r: r.value})
     h = PipelineHarness(p)
     h.feed("src", [Record("k", 1, 0)])
-    with pytest.raises(PipelineError, match=r"computation 'down' for stream 'mid' returned NoneType"):
+    with pytest.raises(ComputationFailed, match=r"computation 'down': key extractor for stream 'mid' failed: "
+                                                r"TypeError: returned NoneType"):
         h.run()
 
 

@@ -1,4 +1,4 @@
-"""WatermarkCoalescer and output_watermark: the low-watermark arithmetic shared by both runners.
+"""WatermarkCoalescer, input points and output watermarks: the low-watermark arithmetic shared by both runners.
 
 Rules under test (Hazelcast keyed-watermark design, MillWheel section 5.5):
 min over inputs, regression raises, idle inputs excluded, all-idle holds, a waking idle input does not
@@ -11,7 +11,7 @@ import random
 
 import pytest
 
-from millstream.core.watermarks import WatermarkCoalescer, WatermarkRegressionError, output_watermark
+from millstream.core.watermarks import Segment, WatermarkCoalescer, WatermarkRegressionError, output_watermarks
 from millstream.model.records import BEGINNING_OF_TIME, END_OF_TIME
 
 
@@ -155,10 +155,18 @@ def test_randomized_coalescing_matches_plain_model_and_is_monotonic(seed):
         assert all(c.is_idle(n) == (n in idle) for n in names)
 
 
-def test_output_watermark_is_min_of_input_and_earliest_pending_timer():
-    assert output_watermark(100, None) == 100
-    assert output_watermark(100, 40) == 40  # held back by a pending timer
-    assert output_watermark(100, 100) == 100
-    assert output_watermark(100, 500) == 100
-    assert output_watermark(END_OF_TIME, None) == END_OF_TIME
-    assert output_watermark(BEGINNING_OF_TIME, 0) == BEGINNING_OF_TIME
+def test_input_points_carry_the_coalesced_watermark_before_and_after_each_sender_advance():
+    c = WatermarkCoalescer(["a", "b"])
+    assert c.advance("a", 10) == Segment(BEGINNING_OF_TIME, BEGINNING_OF_TIME)  # b holds the minimum
+    assert c.advance("b", 7) == Segment(BEGINNING_OF_TIME, 7)
+    assert c.advance("b", 30) == Segment(7, 10)
+    assert c.advance("a", 25) == Segment(10, 25)
+
+
+def test_output_watermark_follows_each_input_point_and_never_goes_back():
+    assert output_watermarks(BEGINNING_OF_TIME, [Segment(BEGINNING_OF_TIME, 5)]) == [5]
+    assert output_watermarks(100, [Segment(100, 100), Segment(100, 150), Segment(150, END_OF_TIME)]) == [
+        100, 150, END_OF_TIME]
+    # A published watermark is never withdrawn, even if the input's coalesced value is lower (a
+    # restored coalescer after a pipeline change).
+    assert output_watermarks(200, [Segment(50, 60)]) == [200]

@@ -78,10 +78,10 @@ def test_generator_is_deterministic_and_seeded():
     injector = ZeitgeistInjector(config, max_records_per_read=500)
     shipped = pickle.loads(pickle.dumps(injector))
     assert len(pickle.dumps(injector)) < 10_000  # ships its config, not the events
-    start = injector.initial_offset()
-    end = injector.latest_offset(start, 300)
-    assert list(injector.read(start, end)) == list(shipped.read(start, end))
-    assert len({r.id for r in injector.read(start, end)}) == 300
+    start = injector.initial_offset("0")
+    end = injector.latest_offset("0", start, 300)
+    assert list(injector.read("0", start, end)) == list(shipped.read("0", start, end))
+    assert len({r.id for r in injector.read("0", start, end)}) == 300
 
 
 def test_ground_truth_is_what_the_traffic_shows():
@@ -109,18 +109,18 @@ def test_watermark_is_honest_and_delayed_data_is_waited_for():
     log = injector.log
     assert log.delayed.sum() > 100 and log.late.sum() > 0
     rng = np.random.default_rng(0)
-    offset = injector.initial_offset()
-    published = injector.low_watermark(offset)
+    offset = injector.initial_offset("0")
+    published = injector.low_watermark("0", offset)
     behind = 0
-    while not injector.is_finished(offset):
-        end = injector.latest_offset(offset, int(rng.integers(1, 2000)))
-        for record in injector.read(offset, end):
+    while not injector.is_finished("0", offset):
+        end = injector.latest_offset("0", offset, int(rng.integers(1, 2000)))
+        for record in injector.read("0", offset, end):
             n = int(record.id.split("-")[1])
             if log.late[n]:
                 behind += record.timestamp < published
             else:
                 assert record.timestamp >= published, (n, record, published)
-        watermark = injector.low_watermark(end)
+        watermark = injector.low_watermark("0", end)
         assert watermark >= published  # monotonic
         published, offset = watermark, end
     assert published == END_OF_TIME

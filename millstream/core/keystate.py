@@ -1,170 +1,290 @@
-"""Per-key persistent data (state, timers, seen record ids) and the pages that group keys.
+"""Everything one key holds, persisted as one blob: state values, pending timers, dedup ids.
 
-Everything of one key lives in one KeyState, written in one piece: state, timers and dedup ids change
-together (MillWheel keeps them in one Bigtable row). Keys are grouped into pages so a store write
-covers many keys, and only pages touched in a step are rewritten. Decoding is lazy: a page keeps its
-keys' encoded bytes and decodes only the keys a step touches.
+State, timers and seen record ids of a key change together (MillWheel keeps them in one Bigtable
+row); the stores write a key's blob atomically with the rest of its step. Values are kept encoded
+(the codec's bytes) and decoded lazily: a value when first read in a step, a map entry by entry.
+
+A key is *empty*, and disappears from its store, when it holds no state value, no user timer and no
+dedup id. Nothing else pins it: production ids of timers derive from the timer itself (key, tag,
+time and the invocation that set it), not from a per-key counter.
+
+Expiry (dedup ids after the horizon, state values after their TTL) is scheduled on the key's
+low-watermark wake-up time, so it happens on schedule whether or not the key sees records again.
 """
 
 from __future__ import annotations
 
-import copy
 import pickle
-from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Iterator, NamedTuple
 
+from millstream.model.codecs import Codec, CodecError
 from millstream.model.records import TimeDomain, Timer
-from millstream.model.state import ListState, StateSpec, ValueState
+from millstream.model.state import ListState, MapState, StateSpec, ValueState
 
-_ABSENT = object()
-_CLEARED = object()  # a value cleared by user code this step
+_ABSENT: Any = object()
+_REMOVED: Any = object()
+
+
+class PendingTimer(NamedTuple):
+    time: int
+    wall: bool  # True: wall-time domain
+    setter: str  # the cause that set it: part of the firing's identity (and its productions' ids)
 
 
 class KeyState:
-    __slots__ = ("encoded", "live", "timers", "seen", "timers_fired")
+    """One key's persisted data plus the values decoded during the current step."""
+
+    __slots__ = ("values", "written", "timers", "seen", "_live", "_boundary")
 
     def __init__(self) -> None:
-        self.encoded: dict[str, Any] = {}  # state name -> persisted form (codec bytes)
-        self.live: dict[str, Any] = {}  # state name -> decoded value touched this step
-        self.timers: dict[str, Timer] = {}  # tag -> pending timer
-        self.seen: dict[str, int] = {}  # record id -> input low watermark when it arrived
-        self.timers_fired = 0  # part of production ids caused by timers; deterministic on replay
-
-    # -- state values --------------------------------------------------------------------------
-    def value(self, spec: StateSpec) -> Any:
-        """The decoded, mutable value of a state for this step (decoded once, kept live)."""
-        live = self.live.get(spec.name, _ABSENT)
-        if live is _CLEARED:
-            live = _ABSENT
-            self.encoded.pop(spec.name, None)
-        if live is not _ABSENT:
-            return live
-        stored = self.encoded.get(spec.name, _ABSENT)
-        if isinstance(spec, ValueState):
-            live = copy.deepcopy(spec.default) if stored is _ABSENT else spec.codec.decode(stored)
-        elif isinstance(spec, ListState):
-            live = [] if stored is _ABSENT else [spec.codec.decode(b) for b in stored]
-        else:
-            live = {} if stored is _ABSENT else {
-                spec.key_codec.decode(k): spec.value_codec.decode(v) for k, v in stored
-            }
-        self.live[spec.name] = live
-        return live
-
-    def set_value(self, spec: StateSpec, value: Any) -> None:
-        self.live[spec.name] = value
-
-    def clear_value(self, spec: StateSpec) -> None:
-        self.live[spec.name] = _CLEARED
-
-    def flush(self, specs: dict[str, StateSpec]) -> None:
-        """Encode every value touched this step (user code may have mutated it in place). Empty
-        lists and maps, None values and cleared states are not stored at all."""
-        for name, live in self.live.items():
-            spec = specs[name]
-            if live is _CLEARED or live is None or (not live and not isinstance(spec, ValueState)):
-                self.encoded.pop(name, None)
-            elif (isinstance(spec, ValueState) and name not in self.encoded
-                  and type(live) is type(spec.default) and live == spec.default):
-                continue  # only read, never set: nothing to store
-            elif isinstance(spec, ValueState):
-                self.encoded[name] = spec.codec.encode(live)
-            elif isinstance(spec, ListState):
-                self.encoded[name] = [spec.codec.encode(v) for v in live]
-            else:
-                self.encoded[name] = [
-                    (spec.key_codec.encode(k), spec.value_codec.encode(v)) for k, v in live.items()
-                ]
-        self.live.clear()
-
-    def is_empty(self) -> bool:
-        # A key that ever fired a timer is kept for its counter: ids of timer productions derive
-        # from it, and restarting it at 0 would repeat ids a consumer may still deduplicate against.
-        return not (self.encoded or self.timers or self.seen or self.timers_fired)
-
-    # -- timers --------------------------------------------------------------------------------
-    def earliest_timer(self, domain: TimeDomain) -> int | None:
-        times = [t.time for t in self.timers.values() if t.domain is domain]
-        return min(times) if times else None
-
-    def due_timer(self, low_watermark: int, wall_time: int) -> Timer | None:
-        """The next timer to fire: the earliest (time, tag) among those due."""
-        due = [
-            t
-            for t in self.timers.values()
-            if (t.time <= low_watermark if t.domain is TimeDomain.LOW_WATERMARK else t.time <= wall_time)
-        ]
-        return min(due) if due else None
+        self.values: dict[str, Any] = {}  # state name -> bytes | list[bytes] | dict[bytes, bytes]
+        self.written: dict[str, int] = {}  # state name -> watermark at its last write (TTL'd states)
+        self.timers: dict[str, PendingTimer] = {}  # tag -> pending timer
+        self.seen: dict[str, int] = {}  # dedup id -> mark (forget once the watermark passes mark + horizon)
+        self._live: dict[str, Any] = {}  # state name -> cell decoded this step
+        self._boundary: dict[str, int] = {}  # tag -> first boundary a timer set this step may fire at
 
     # -- persistence ---------------------------------------------------------------------------
     def dumps(self) -> bytes:
-        timers = [(t.tag, t.time, t.domain is TimeDomain.WALL_TIME) for t in self.timers.values()]
-        return pickle.dumps((self.encoded, timers, self.seen, self.timers_fired), protocol=5)
+        return pickle.dumps((self.values, self.written, self.timers, self.seen), protocol=5)
 
     @classmethod
     def loads(cls, blob: bytes) -> "KeyState":
         state = cls()
-        state.encoded, timers, state.seen, state.timers_fired = pickle.loads(blob)
-        state.timers = {
-            tag: Timer(time, tag, TimeDomain.WALL_TIME if wall else TimeDomain.LOW_WATERMARK)
-            for tag, time, wall in timers
-        }
+        values, state.written, timers, state.seen = pickle.loads(blob)
+        state.values = values
+        state.timers = {tag: PendingTimer(*t) for tag, t in timers.items()}
         return state
 
+    def is_empty(self) -> bool:
+        return not (self.values or self.timers or self.seen)
 
+    # -- state values --------------------------------------------------------------------------
+    def cell(self, spec: StateSpec) -> Any:
+        """The step's live cell for a state: decoded on first use."""
+        cell = self._live.get(spec.name)
+        if cell is None:
+            stored = self.values.get(spec.name, _ABSENT)
+            if isinstance(spec, MapState):
+                cell = MapCell(spec, {} if stored is _ABSENT else stored)
+            elif isinstance(spec, ListState):
+                cell = ListCell(spec, [] if stored is _ABSENT else [spec.codec.decode(b) for b in stored])
+            else:
+                cell = ValueCell(spec, _ABSENT if stored is _ABSENT else spec.codec.decode(stored))
+            self._live[spec.name] = cell
+        return cell
 
-@dataclass
-class Page:
-    """A group of keys of one shard, persisted as one blob. Tracks each key's earliest timers so a
-    step can find due timers without decoding every key."""
+    def touched(self, spec: StateSpec, watermark: int) -> None:
+        """Note a write of a state with a TTL at `watermark`."""
+        if spec.ttl_ms is not None:
+            self.written[spec.name] = watermark
 
-    blobs: dict[str, bytes] = field(default_factory=dict)
-    next_lw_timer: dict[str, int] = field(default_factory=dict)
-    next_wall_timer: dict[str, int] = field(default_factory=dict)
-    decoded: dict[str, KeyState] = field(default_factory=dict)
-
-    def key_state(self, key: str) -> KeyState:
-        state = self.decoded.get(key)
-        if state is None:
-            blob = self.blobs.get(key)
-            state = KeyState.loads(blob) if blob is not None else KeyState()
-            self.decoded[key] = state
-        return state
-
-    def keys_with_due_timers(self, low_watermark: int, wall_time: int) -> list[str]:
-        due = {k for k, t in self.next_lw_timer.items() if t <= low_watermark}
-        due.update(k for k, t in self.next_wall_timer.items() if t <= wall_time)
-        return sorted(due)
-
-    def earliest(self, domain: TimeDomain) -> int | None:
-        table = self.next_lw_timer if domain is TimeDomain.LOW_WATERMARK else self.next_wall_timer
-        return min(table.values()) if table else None
+    def clear(self) -> None:
+        """Drop every state value and pending timer (ctx.clear()); dedup ids stay."""
+        self.values.clear()
+        self.written.clear()
+        self.timers.clear()
+        self._live.clear()
 
     def flush(self, specs: dict[str, StateSpec]) -> None:
-        """Write decoded keys back into blobs and refresh the timer index."""
-        for key, state in self.decoded.items():
-            state.flush(specs)
-            self.next_lw_timer.pop(key, None)
-            self.next_wall_timer.pop(key, None)
-            if state.is_empty():
-                self.blobs.pop(key, None)
-                continue
-            self.blobs[key] = state.dumps()
-            lw = state.earliest_timer(TimeDomain.LOW_WATERMARK)
-            wall = state.earliest_timer(TimeDomain.WALL_TIME)
-            if lw is not None:
-                self.next_lw_timer[key] = lw
-            if wall is not None:
-                self.next_wall_timer[key] = wall
-        self.decoded.clear()
+        """Encode every cell of this step (user code may have mutated values in place). Empty lists
+        and maps, None values and cleared states are not stored at all."""
+        for name, cell in self._live.items():
+            try:
+                encoded = cell.encode()
+            except CodecError as error:
+                raise CodecError(f"state {name!r}: {error}") from None
+            if encoded is None:
+                self.values.pop(name, None)
+                self.written.pop(name, None)
+            elif encoded is not _ABSENT:
+                self.values[name] = encoded
+        self._live.clear()
+        self._boundary.clear()
 
-    def dumps(self) -> bytes:
-        return pickle.dumps((self.blobs, self.next_lw_timer, self.next_wall_timer), protocol=5)
+    # -- timers --------------------------------------------------------------------------------
+    def set_timer(self, tag: str, time: int, wall: bool, setter: str, boundary: int) -> None:
+        self.timers[tag] = PendingTimer(time, wall, setter)
+        self._boundary[tag] = boundary
 
-    @classmethod
-    def loads(cls, blob: bytes) -> "Page":
-        blobs, lw, wall = pickle.loads(blob)
-        return cls(blobs, lw, wall)
+    def earliest_boundary(self, tag: str) -> int:
+        """The first boundary of this step a timer may fire at (0 for timers from earlier steps)."""
+        return self._boundary.get(tag, 0)
 
-    def keys(self) -> Iterator[str]:
-        return iter(self.blobs)
+    def next_due(self, low_watermark: int, wall_time: int) -> tuple[str, PendingTimer] | None:
+        """The next timer to fire: the earliest (time, tag) among those due."""
+        best: tuple[str, PendingTimer] | None = None
+        for tag, timer in self.timers.items():
+            if timer.time <= (wall_time if timer.wall else low_watermark):
+                if best is None or (timer.time, tag) < (best[1].time, best[0]):
+                    best = (tag, timer)
+        return best
+
+    def wake_times(self, horizon_ms: int, ttls: dict[str, int]) -> tuple[int | None, int | None]:
+        """(low-watermark time, wall time) at which this key next has work: a user timer, an expiring
+        dedup id or an expiring state value."""
+        lw = [t.time for t in self.timers.values() if not t.wall]
+        wall = [t.time for t in self.timers.values() if t.wall]
+        if self.seen:
+            lw.append(min(self.seen.values()) + horizon_ms + 1)
+        for name, mark in self.written.items():
+            lw.append(mark + ttls[name] + 1)
+        return (min(lw) if lw else None), (min(wall) if wall else None)
+
+    def expire(self, low_watermark: int, horizon_ms: int, ttls: dict[str, int]) -> None:
+        """Forget dedup ids and state values whose time is up at `low_watermark`."""
+        if self.seen:
+            cutoff = low_watermark - horizon_ms
+            if min(self.seen.values()) < cutoff:
+                self.seen = {rid: mark for rid, mark in self.seen.items() if mark >= cutoff}
+        for name, mark in list(self.written.items()):
+            if low_watermark > mark + ttls[name]:
+                self.values.pop(name, None)
+                self.written.pop(name, None)
+                self._live.pop(name, None)
+
+    def user_timers(self) -> list[Timer]:
+        return sorted(Timer(t.time, tag, TimeDomain.WALL_TIME if t.wall else TimeDomain.LOW_WATERMARK)
+                      for tag, t in self.timers.items())
+
+
+_IMMUTABLE = (int, float, str, bool, bytes, type(None))
+
+
+class ValueCell:
+    __slots__ = ("spec", "value", "origin", "deleted")
+
+    def __init__(self, spec: ValueState[Any], stored: Any) -> None:
+        self.spec = spec
+        self.value = stored
+        self.origin = "stored" if stored is not _ABSENT else "absent"  # or "default", "set"
+        self.deleted = False  # cleared this step: the stored value must go
+
+    def get(self) -> Any:
+        if self.origin == "absent":
+            default = self.spec.default
+            # A mutable default must not be shared between keys: each key gets its own copy.
+            self.value = default if type(default) in _IMMUTABLE else pickle.loads(pickle.dumps(default))
+            self.origin = "default"
+        return self.value
+
+    def set(self, value: Any) -> None:
+        self.value, self.origin = value, "set"
+
+    def clear(self) -> None:
+        self.value, self.origin, self.deleted = _ABSENT, "absent", True
+
+    def encode(self) -> Any:
+        """bytes to store, None to delete, _ABSENT to leave as stored."""
+        origin, value = self.origin, self.value
+        unchanged = None if self.deleted else _ABSENT
+        if origin == "absent" or (origin == "stored" and type(value) in _IMMUTABLE):
+            return unchanged
+        if origin == "default" and type(value) is type(self.spec.default) and value == self.spec.default:
+            return unchanged  # only read, never changed: nothing to store
+        return None if value is None else self.spec.codec.encode(value)
+
+
+class ListCell:
+    __slots__ = ("spec", "items")
+
+    def __init__(self, spec: ListState[Any], items: list[Any]) -> None:
+        self.spec, self.items = spec, items
+
+    def encode(self) -> Any:
+        codec = self.spec.codec
+        return [codec.encode(v) for v in self.items] or None
+
+
+class MapCell:
+    """A map state during one step: entries decode one at a time; changed and read entries are
+    re-encoded at the end of the step (a read value may have been mutated in place)."""
+
+    __slots__ = ("spec", "stored", "live", "cleared")
+
+    def __init__(self, spec: MapState[Any, Any], stored: dict[bytes, bytes]) -> None:
+        self.spec = spec
+        self.stored = stored  # encoded key -> encoded value, as persisted
+        self.live: dict[bytes, tuple[Any, Any]] = {}  # encoded key -> (key, value or _REMOVED)
+        self.cleared = False
+
+    def _key(self, key: Any) -> bytes:
+        return self.spec.key_codec.encode(key)  # type: ignore[no-any-return]
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        encoded = self._key(key)
+        entry = self.live.get(encoded)
+        if entry is not None:
+            return default if entry[1] is _REMOVED else entry[1]
+        data = self.stored.get(encoded)
+        if data is None:
+            return default
+        value = self.spec.value_codec.decode(data)
+        self.live[encoded] = (key, value)
+        return value
+
+    def put(self, key: Any, value: Any) -> None:
+        self.live[self._key(key)] = (key, value)
+
+    def remove(self, key: Any) -> None:
+        encoded = self._key(key)
+        if encoded in self.stored or encoded in self.live:
+            self.live[encoded] = (key, _REMOVED)
+
+    def contains(self, key: Any) -> bool:
+        encoded = self._key(key)
+        entry = self.live.get(encoded)
+        if entry is not None:
+            return entry[1] is not _REMOVED
+        return encoded in self.stored
+
+    def clear(self) -> None:
+        self.stored = {}
+        self.live = {}
+        self.cleared = True
+
+    def _all(self) -> dict[bytes, tuple[Any, Any]]:
+        """Every entry decoded (iteration needs them all)."""
+        key_codec, value_codec = self.spec.key_codec, self.spec.value_codec
+        for encoded, data in self.stored.items():
+            if encoded not in self.live:
+                self.live[encoded] = (key_codec.decode(encoded), value_codec.decode(data))
+        return self.live
+
+    def items(self) -> Iterator[tuple[Any, Any]]:
+        return iter([(k, v) for k, v in self._all().values() if v is not _REMOVED])
+
+    def keys(self) -> Iterator[Any]:
+        return iter([k for k, v in self._all().values() if v is not _REMOVED])
+
+    def __len__(self) -> int:
+        if not self.live:
+            return len(self.stored)
+        return len(self.stored) + sum(
+            1 if encoded not in self.stored and v is not _REMOVED else (-1 if v is _REMOVED and encoded in self.stored else 0)
+            for encoded, (_, v) in self.live.items())
+
+    def encode(self) -> Any:
+        if not self.live and not self.cleared:
+            return _ABSENT
+        merged = self.stored  # owned by the KeyState; a failed step reloads the key from its blob
+        value_codec = self.spec.value_codec
+        for encoded, (_, value) in self.live.items():
+            if value is _REMOVED:
+                merged.pop(encoded, None)
+            else:
+                merged[encoded] = value_codec.encode(value)
+        return merged or None
+
+
+def decoded_value(cell: Any) -> Any:
+    """A state's whole decoded value, for inspection (the harness's `state()`)."""
+    if isinstance(cell, MapCell):
+        return dict(cell.items())
+    if isinstance(cell, ListCell):
+        return list(cell.items)
+    return cell.get()
+
+
+def specs_codec(spec: StateSpec) -> Codec:
+    return spec.value_codec if isinstance(spec, MapState) else spec.codec

@@ -2,23 +2,58 @@
 
 A plan is picklable: the Spark runner ships it to Python workers inside the source and the stateful
 operator, the harness uses it in-process. Both run it through the same ShardExecutor.
+
+Routing lives here, once: a key belongs to key group `xxh3_64(key) mod key_groups`. Key groups are
+MillWheel's key intervals: fixed for the life of a pipeline root, they are the unit of state Spark
+moves between tasks (Spark hashes key groups into its state partitions, whose number can change).
 """
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from typing import Any
 
-from millstream.model.codecs import Codec
+import xxhash
+
+from millstream.model.codecs import DEFAULT_CODEC, Codec
 from millstream.model.computation import Computation
-from millstream.model.pipeline import KeyExtractor, Pipeline, PipelineError, record_key
+from millstream.model.pipeline import (
+    DEAD_LETTERS,
+    ErrorPolicy,
+    KeyExtractor,
+    Pipeline,
+    PipelineError,
+    record_key,
+)
 from millstream.model.records import Record
 from millstream.model.state import ListState, MapState, StateSpec, ValueState
 
-DEFAULT_SHARDS = 8
-DEFAULT_PAGES_PER_SHARD = 32
-_UNDECODED = object()
+DEFAULT_KEY_GROUPS = 32
+
+
+def key_group(key: str, key_groups: int) -> int:
+    """The key group of a key: a fast, stable 64-bit hash (Python's hash() is salted per process)."""
+    return xxhash.xxh3_64_intdigest(key.encode()) % key_groups
+
+
+@dataclass(frozen=True)
+class SenderPlan:
+    """One sender into a computation: a computation's stream log, or one partition of an injector.
+    The coalescer tracks each separately; an injector's watermark is the minimum over its partitions."""
+
+    name: str
+    stream: str
+    producer: str
+    partition: str | None  # injector partition; None for a computation's stream log
+    dedup: bool  # only injected records can arrive twice: internal streams are exactly-once
+
+    @property
+    def is_injector(self) -> bool:
+        return self.partition is not None
+
+
+def sender_name(stream: str, producer: str, partition: str | None = None) -> str:
+    return f"{stream}/{producer}" if partition is None else f"{stream}/{producer}#{partition}"
 
 
 @dataclass(frozen=True)
@@ -26,47 +61,46 @@ class InputPlan:
     """One input stream of a computation, with the computation's own key extractor for it."""
 
     stream: str
-    producers: tuple[str, ...]
+    senders: tuple[SenderPlan, ...]
     key_extractor: KeyExtractor
     codec: Codec
 
-    def key_of(self, record: Record, computation: str) -> str:
-        """The consumer's key for `record`, checked: a bad extractor is the user's error to see."""
+    @property
+    def keyed_by_record_key(self) -> bool:
+        return self.key_extractor is record_key
+
+    def key_of(self, record: Record[Any]) -> str:
+        """The consumer's key for `record`; raises KeyExtractionError naming the stream."""
         try:
             key = self.key_extractor(record)
         except Exception as error:
-            raise PipelineError(
-                f"key extractor of computation {computation!r} for stream {self.stream!r} failed on "
-                f"record {record.id!r}: {type(error).__name__}: {error}"
-            ) from error
+            raise KeyExtractionError(self.stream, error) from error
         if not isinstance(key, str):
-            raise PipelineError(
-                f"key extractor of computation {computation!r} for stream {self.stream!r} returned "
-                f"{type(key).__name__} {key!r}; keys must be str"
-            )
+            raise KeyExtractionError(self.stream, TypeError(f"returned {type(key).__name__} {key!r}; keys must be str"))
         return key
 
-    def key_of_encoded(self, rkey: str, value: bytes, timestamp: int, rid: str, computation: str,
-                       decoded: Any = _UNDECODED) -> str:
-        """key_of for a record whose value is still encoded: the value is decoded only if the
-        extractor is not the default one (the record's own key), and not at all if `decoded` is given."""
-        if self.key_extractor is record_key:
-            return rkey
-        if decoded is _UNDECODED:
-            decoded = self.codec.decode(value)
-        return self.key_of(Record(rkey, decoded, timestamp, rid), computation)
+
+class KeyExtractionError(Exception):
+    """A key extractor failed on a record (handled by the computation's error policy)."""
+
+    def __init__(self, stream: str, error: BaseException) -> None:
+        super().__init__(f"key extractor for stream {stream!r} failed: {type(error).__name__}: {error}")
+        self.stream = stream
+        self.error = error
 
 
 @dataclass(frozen=True)
 class ComputationPlan:
     name: str
+    pipeline: str
     computation: Computation
     inputs: tuple[InputPlan, ...]
     output_codecs: dict[str, Codec]
     state_specs: dict[str, StateSpec]
     dedup_horizon_ms: int
-    shards: int = DEFAULT_SHARDS
-    pages_per_shard: int = DEFAULT_PAGES_PER_SHARD
+    on_error: ErrorPolicy = ErrorPolicy.FAIL
+    exactly_once: bool = True
+    key_groups: int = DEFAULT_KEY_GROUPS
 
     def input(self, stream: str) -> InputPlan:
         for plan in self.inputs:
@@ -74,36 +108,47 @@ class ComputationPlan:
                 return plan
         raise KeyError(stream)
 
+    def senders(self) -> list[SenderPlan]:
+        """Every sender, in the fixed order a step's input points follow."""
+        return sorted((s for i in self.inputs for s in i.senders), key=lambda s: s.name)
+
     def sender_names(self) -> list[str]:
-        """The inputs the coalescer tracks: one per (stream, producer) pair."""
-        return [sender_name(i.stream, p) for i in self.inputs for p in i.producers]
+        return [s.name for s in self.senders()]
+
+    @property
+    def ttls(self) -> dict[str, int]:
+        return {name: spec.ttl_ms for name, spec in self.state_specs.items() if spec.ttl_ms is not None}
 
 
-def sender_name(stream: str, producer: str) -> str:
-    return f"{stream}/{producer}"
-
-
-def plan_computation(
-    pipeline: Pipeline,
-    name: str,
-    shards: int = DEFAULT_SHARDS,
-    pages_per_shard: int = DEFAULT_PAGES_PER_SHARD,
-) -> ComputationPlan:
+def plan_computation(pipeline: Pipeline, name: str, key_groups: int = DEFAULT_KEY_GROUPS) -> ComputationPlan:
     pipeline.validate()
     node = pipeline.computations[name]
-    inputs = tuple(
-        InputPlan(stream, tuple(pipeline.producers(stream)), extractor, pipeline.codec(stream))
-        for stream, extractor in sorted(node.inputs.items())
-    )
+    inputs = []
+    for stream, extractor in sorted(node.inputs.items()):
+        senders = []
+        for producer in pipeline.producers(stream):
+            if stream == DEAD_LETTERS and producer == name:
+                continue  # a computation reading dead letters does not receive its own
+            if producer in pipeline.injectors:
+                for partition in pipeline.injectors[producer].injector.partitions():
+                    senders.append(SenderPlan(sender_name(stream, producer, partition), stream, producer, partition,
+                                              dedup=node.exactly_once))
+            else:
+                senders.append(SenderPlan(sender_name(stream, producer), stream, producer, None, dedup=False))
+        inputs.append(InputPlan(stream, tuple(senders), extractor, pipeline.codec(stream)))
+    outputs = {stream: pipeline.codec(stream) for stream in node.outputs}
+    outputs[DEAD_LETTERS] = DEFAULT_CODEC
     return ComputationPlan(
         name=name,
+        pipeline=pipeline.name,
         computation=node.computation,
-        inputs=inputs,
-        output_codecs={stream: pipeline.codec(stream) for stream in node.outputs},
+        inputs=tuple(inputs),
+        output_codecs=outputs,
         state_specs=declared_state(node.computation),
         dedup_horizon_ms=node.dedup_horizon_ms,
-        shards=shards,
-        pages_per_shard=pages_per_shard,
+        on_error=node.on_error,
+        exactly_once=node.exactly_once,
+        key_groups=key_groups,
     )
 
 
@@ -120,14 +165,3 @@ def declared_state(computation: Computation) -> dict[str, StateSpec]:
                     )
                 found[value.name] = value
     return found
-
-
-def key_hash(key: str) -> int:
-    """Stable 64-bit hash of a key (Python's hash() is salted per process, so unusable here)."""
-    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little")
-
-
-def route(key: str, shards: int, pages_per_shard: int) -> tuple[int, int]:
-    """(shard, page) of a key. Shards are MillWheel's key intervals: the unit Spark groups by."""
-    h = key_hash(key)
-    return h % shards, (h // shards) % pages_per_shard

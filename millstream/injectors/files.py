@@ -1,97 +1,164 @@
 """An injector over a directory of JSON-lines log files (MillWheel section 5.3's example).
 
-Contract for writers: a file becomes visible complete (write elsewhere, then rename into the
-directory), is never changed afterwards, and its modification time is its creation time. Each line is
-an object {"key": str, "value": any, "timestamp": int ms, "id": optional str}; without an id the
-record's id is derived from the file's path and line number, so re-reading gives the same ids. A file named
-`_DONE` says no more files will come.
+Contract for writers: a file becomes visible complete (write it elsewhere, then rename it into the
+directory) and is never changed afterwards. Each line is an object
+{"key": str, "value": any, "timestamp": int ms, "id": optional str}; without an id the record's id is
+derived from the file's path and line number, so re-reading gives the same ids. A file named `_DONE`
+says no more files will come. A line that is not such an object is Malformed (a dead letter).
 
-Low watermark, as in the paper: the minimum creation time of the files not yet read. When every known
-file has been read it is the newest creation time read so far (a file arriving later is created later),
-and once `_DONE` exists and all is read it is END_OF_TIME.
+Low watermark, as in the paper: the minimum creation time of the files not yet read, and for files not
+yet visible, the earliest creation time they can still have. A file's *creation time* is when its
+writer started it, so its records are stamped no earlier. Where it comes from:
+
+- `creation="mtime"` (default): from the file's modification time, which an ordinary writer leaves at
+  the END of writing. The writer declares how long a file takes from its first record to being
+  visible (`max_write_ms`): the creation time is mtime - max_write_ms, and a file that is not visible
+  yet started after now - max_write_ms.
+- `creation="name"`: the epoch milliseconds in the file's name (the first group of `name_pattern`),
+  for writers that name files by when they started them. Files are expected to become visible in
+  creation order, give or take `max_write_ms`: a file not visible yet was created no earlier than the
+  newest visible one minus max_write_ms.
+
+Once `_DONE` exists and every file is read, the watermark is END_OF_TIME. With `partitions=n`, files
+are spread over n partitions by a hash of their name, each read by its own Spark task and publishing
+its own watermark.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from typing import Iterator
+import re
+import time
+from typing import Any, Iterator, Sequence
 
-from millstream.model.injector import Injector, Offset
+import xxhash
+
+from millstream.model.injector import Injector, Malformed, Offset
 from millstream.model.records import BEGINNING_OF_TIME, END_OF_TIME, Record, derive_record_id
 
 DONE_MARKER = "_DONE"
+DEFAULT_NAME_PATTERN = r"(\d{1,16})"
 
 
-class FileFormatError(ValueError):
-    """A log file line is not a valid record; the message names file and line."""
+def now_ms() -> int:
+    """The wall clock the injector lists files by (a seam for tests)."""
+    return int(time.time() * 1000)
 
 
 class FileInjector(Injector):
-    def __init__(self, directory: str, suffix: str = ".jsonl", max_files_per_read: int = 16) -> None:
+    """Reads `*.jsonl` files of a directory.
+
+    >>> import tempfile, os
+    >>> folder = tempfile.mkdtemp()
+    >>> with open(os.path.join(folder, "logs-1000.jsonl"), "w") as f:
+    ...     _ = f.write('{"key": "a", "value": 1, "timestamp": 1500}\\n')
+    >>> inj = FileInjector(folder, creation="name")
+    >>> end = inj.latest_offset("0", inj.initial_offset("0"), None)
+    >>> [(r.key, r.timestamp) for r in inj.read("0", inj.initial_offset("0"), end)]
+    [('a', 1500)]
+    >>> inj.low_watermark("0", end)
+    1000
+    """
+
+    def __init__(self, directory: str, suffix: str = ".jsonl", max_files_per_read: int = 16,
+                 creation: str = "mtime", max_write_ms: int | None = None, name_pattern: str = DEFAULT_NAME_PATTERN,
+                 partitions: int = 1) -> None:
+        if creation not in ("mtime", "name"):
+            raise ValueError(f"creation must be 'mtime' or 'name', got {creation!r}")
+        if partitions < 1:
+            raise ValueError("partitions must be >= 1")
         self.directory = str(directory)
         self.suffix = suffix
         self.max_files_per_read = max_files_per_read
+        self.creation = creation
+        # mtime is the end of writing, so a bound is needed; names carry the start exactly.
+        self.max_write_ms = (10_000 if creation == "mtime" else 0) if max_write_ms is None else max_write_ms
+        self.name_pattern = re.compile(name_pattern)
+        self.partition_count = partitions
 
-    def initial_offset(self) -> Offset:
+    def partitions(self) -> Sequence[str]:
+        return tuple(str(p) for p in range(self.partition_count))
+
+    def initial_offset(self, partition: str) -> Offset:
         return {"read": [], "watermark": BEGINNING_OF_TIME, "done": False}
 
-    def _listing(self) -> tuple[dict[str, int], bool]:
+    def _created(self, name: str) -> int | None:
+        if self.creation == "name":
+            match = self.name_pattern.search(name)
+            if match is None:
+                return None
+            return int(match.group(1)) - self.max_write_ms
+        try:
+            # Whole ms, from the exact ns value (a float st_mtime can round into the next ms).
+            return os.stat(os.path.join(self.directory, name)).st_mtime_ns // 1_000_000 - self.max_write_ms
+        except FileNotFoundError:
+            return None
+
+    def _listing(self, partition: str) -> tuple[dict[str, int], bool]:
         try:
             names = os.listdir(self.directory)
         except FileNotFoundError:
             return {}, False
         created = {}
         for name in names:
-            if name.endswith(self.suffix) and not name.startswith("."):
-                try:
-                    # Whole ms, from the exact ns value (a float st_mtime can round into the next ms).
-                    created[name] = os.stat(os.path.join(self.directory, name)).st_mtime_ns // 1_000_000
-                except FileNotFoundError:
-                    continue
+            if name.endswith(self.suffix) and not name.startswith(".") and self._partition_of(name) == partition:
+                time_created = self._created(name)
+                if time_created is not None:
+                    created[name] = time_created
         return created, DONE_MARKER in names
 
-    def latest_offset(self, start: Offset, max_records: int | None) -> Offset:
-        created, done_marker = self._listing()
+    def _partition_of(self, name: str) -> str:
+        if self.partition_count == 1:
+            return "0"
+        return str(xxhash.xxh3_64_intdigest(name.encode()) % self.partition_count)
+
+    def latest_offset(self, partition: str, start: Offset, max_records: int | None) -> Offset:
+        listed_at = now_ms()
+        created, done_marker = self._listing(partition)
         already = set(start["read"])
         unread = sorted((t, n) for n, t in created.items() if n not in already)
         taking = unread[: self.max_files_per_read]
         remaining = unread[self.max_files_per_read:]
         read = sorted(already | {n for _, n in taking})
-        if remaining:
-            watermark = remaining[0][0]
-        elif read:
-            watermark = max(created.get(n, BEGINNING_OF_TIME) for n in read)
-        else:
-            watermark = BEGINNING_OF_TIME
+        if self.creation == "mtime":
+            not_yet_visible = listed_at - self.max_write_ms
+        else:  # files appear in creation order, give or take the bound (already in `created`)
+            not_yet_visible = max(created.values(), default=BEGINNING_OF_TIME)
+        watermark = min(remaining[0][0], not_yet_visible) if remaining else not_yet_visible
         watermark = max(watermark, start["watermark"])
         done = done_marker and not remaining
         end = {"read": read, "watermark": watermark, "done": done}
-        return start if end == start else end
+        if end["read"] == start["read"] and not done and watermark == start["watermark"]:
+            return start
+        return end
 
-    def read(self, start: Offset, end: Offset) -> Iterator[Record]:
+    def read(self, partition: str, start: Offset, end: Offset) -> Iterator[Record[Any] | Malformed]:
         for name in sorted(set(end["read"]) - set(start["read"])):
             path = os.path.join(self.directory, name)
             # Ids derive from the file's path, not its name alone: two directories holding files of
             # the same name (part-0000.jsonl) feed different records, which must not deduplicate.
             source = os.path.join(os.path.normpath(self.directory), name)
-            with open(path, encoding="utf-8") as lines:
+            with open(path, encoding="utf-8", errors="replace") as lines:
                 for number, line in enumerate(lines, 1):
                     if line.strip():
                         yield _parse(line, name, number, source)
 
-    def low_watermark(self, offset: Offset) -> int:
+    def low_watermark(self, partition: str, offset: Offset) -> int:
         return END_OF_TIME if offset["done"] else offset["watermark"]
 
 
-def _parse(line: str, name: str, number: int, source: str) -> Record:
+def _parse(line: str, name: str, number: int, source: str) -> Record[Any] | Malformed:
+    position = f"{name}:{number}"
     try:
         item = json.loads(line)
         key, timestamp = item["key"], item["timestamp"]
     except (ValueError, KeyError, TypeError) as error:
-        raise FileFormatError(f"{name}:{number}: not a record line ({error}); expected "
-                              '{"key": str, "value": ..., "timestamp": int}') from None
+        return Malformed(position, line.rstrip("\n"), f"not a record line ({type(error).__name__}: {error}); "
+                         'expected {"key": str, "value": ..., "timestamp": int}')
     if not isinstance(key, str) or isinstance(timestamp, bool) or not isinstance(timestamp, int):
-        raise FileFormatError(f"{name}:{number}: key must be a string and timestamp integer milliseconds")
-    record_id = item.get("id") or derive_record_id("file", source, number)
+        return Malformed(position, line.rstrip("\n"), "key must be a string and timestamp integer milliseconds")
+    record_id = item.get("id")
+    if record_id is None:
+        record_id = derive_record_id("file", source, number)
     return Record(key, item.get("value"), timestamp, str(record_id))

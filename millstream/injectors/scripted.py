@@ -8,20 +8,29 @@ see the same sequence of injections and watermark advances.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
-from millstream.model.injector import Injector, Offset
+from millstream.model.injector import Injector, Malformed, Offset
 from millstream.model.records import BEGINNING_OF_TIME, END_OF_TIME, Record, derive_record_id
 
 
 @dataclass(frozen=True)
 class Step:
-    records: tuple[Record, ...]
+    records: tuple[Record[Any] | Malformed, ...]
     watermark: int
 
 
 class ScriptedInjector(Injector):
-    def __init__(self, name: str, steps: Sequence[tuple[Sequence[Record], int]], finish: bool = True) -> None:
+    """Replays `steps`, one per read.
+
+    >>> inj = ScriptedInjector("s", [([Record("k", 1, 5)], 10), ([], 20)])
+    >>> first = inj.latest_offset("0", inj.initial_offset("0"), None)
+    >>> [r.value for r in inj.read("0", inj.initial_offset("0"), first)], inj.low_watermark("0", first)
+    ([1], 10)
+    """
+
+    def __init__(self, name: str, steps: Sequence[tuple[Sequence[Record[Any] | Malformed], int]],
+                 finish: bool = True) -> None:
         """`steps`: (records, watermark after the step). With `finish`, the watermark becomes
         END_OF_TIME after the last step, so every pending low-watermark timer fires."""
         previous = BEGINNING_OF_TIME
@@ -31,21 +40,22 @@ class ScriptedInjector(Injector):
                 raise ValueError(f"step {number}: watermark {watermark} goes back from {previous}")
             previous = watermark
             self.steps.append(Step(tuple(
-                r if r.id else r.with_id(derive_record_id(name, f"step{number}", i)) for i, r in enumerate(records)
+                r if isinstance(r, Malformed) or r.id else r.with_id(derive_record_id(name, f"step{number}", i))
+                for i, r in enumerate(records)
             ), watermark))
         self.finish = finish
 
-    def initial_offset(self) -> Offset:
+    def initial_offset(self, partition: str) -> Offset:
         return {"step": 0}
 
-    def latest_offset(self, start: Offset, max_records: int | None) -> Offset:
+    def latest_offset(self, partition: str, start: Offset, max_records: int | None) -> Offset:
         return {"step": min(start["step"] + 1, len(self.steps))}
 
-    def read(self, start: Offset, end: Offset) -> Iterator[Record]:
+    def read(self, partition: str, start: Offset, end: Offset) -> Iterator[Record[Any] | Malformed]:
         for step in self.steps[start["step"]:end["step"]]:
             yield from step.records
 
-    def low_watermark(self, offset: Offset) -> int:
+    def low_watermark(self, partition: str, offset: Offset) -> int:
         done = offset["step"]
         if done >= len(self.steps) and self.finish:
             return END_OF_TIME

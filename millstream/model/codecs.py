@@ -1,13 +1,23 @@
-"""Serialization of stream values and persistent state: the user chooses, JSON is the default."""
+"""Serialization of stream values and persistent state: the user chooses, JSON is the default.
+
+A codec must round-trip what it accepts (decode(encode(v)) == v, same types) and refuse the rest
+with an error, never change a value silently. Codec errors are reported by the framework with the
+state or stream they happened in.
+"""
 
 from __future__ import annotations
 
 import json
+import math
 import pickle
 import re
+from typing import Any, Protocol, runtime_checkable
 
 import orjson
-from typing import Any, Protocol, runtime_checkable
+
+
+class CodecError(TypeError):
+    """A value a codec cannot store faithfully; the framework adds where it happened."""
 
 
 @runtime_checkable
@@ -19,33 +29,74 @@ class Codec(Protocol):
     def decode(self, data: bytes) -> Any: ...
 
 
-# Built once: json.dumps with options builds a new encoder per call, measurably slow per record.
+_JSON_SCALARS = frozenset({str, int, bool, type(None)})
+_ORJSON_OPTIONS = orjson.OPT_SORT_KEYS
+# Built once: json.dumps with options builds a new encoder per call.
 _JSON_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
 _JSON_DECODER = json.JSONDecoder()
-# orjson is ~10-20x faster per value. Integers beyond 64 bits take the stdlib path both ways (orjson
-# refuses to write them and would read them back as floats).
-_ORJSON_OPTIONS = orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS
 _BIG_INTEGER = re.compile(rb"\d{20}")
 
 
+def _json_problem(value: Any) -> str | None:
+    """Why `value` would not come back from JSON unchanged (None: it would)."""
+    kind = type(value)
+    if kind in _JSON_SCALARS:
+        return None
+    if kind is float:
+        return None if math.isfinite(value) else f"{value!r} (JSON has no NaN or infinity)"
+    if kind is list:
+        for item in value:
+            if type(item) not in _JSON_SCALARS and (problem := _json_problem(item)) is not None:
+                return problem
+        return None
+    if kind is dict:
+        for key, item in value.items():
+            if type(key) is not str:
+                return f"a dict key {key!r} of type {type(key).__name__} (JSON keys are strings)"
+            if type(item) not in _JSON_SCALARS and (problem := _json_problem(item)) is not None:
+                return problem
+        return None
+    if kind is tuple:
+        return f"a tuple {value!r} (JSON would return a list)"
+    return f"a {kind.__name__} {value!r} (JSON would return {_json_would_return(value)})"
+
+
+def _json_would_return(value: Any) -> str:
+    try:
+        return repr(json.loads(orjson.dumps(value)))
+    except (TypeError, ValueError, orjson.JSONEncodeError):
+        return "nothing: it is not JSON at all"
+
+
 class JsonCodec:
-    """Strict JSON with sorted keys (deterministic bytes). Tuples come back as lists, dict keys as
-    strings, NaN and infinities as None (JSON has no such numbers)."""
+    """Strict JSON with sorted keys (deterministic bytes): None, bool, int (any size), finite float,
+    str, and lists and str-keyed dicts of those. Anything else (tuples, sets, dataclasses, datetimes,
+    enums, non-str dict keys, NaN) is refused, since JSON would hand back a different value.
+
+    >>> codec = JsonCodec()
+    >>> codec.decode(codec.encode({"b": [1, 2.5, None], "a": "x"}))
+    {'a': 'x', 'b': [1, 2.5, None]}
+    >>> codec.encode((1, 2))
+    Traceback (most recent call last):
+    ...
+    millstream.model.codecs.CodecError: JSON cannot store a tuple (1, 2) (JSON would return a list); use a list, or a codec such as millstream.PickleCodec()
+    """
 
     def encode(self, value: Any) -> bytes:
+        problem = _json_problem(value)
+        if problem is not None:
+            raise CodecError(
+                f"JSON cannot store {problem}; use a list, or a codec such as millstream.PickleCodec()"
+                if type(value) is tuple else
+                f"JSON cannot store {problem}; convert it, or use a codec such as millstream.PickleCodec()"
+            )
         try:
             return orjson.dumps(value, option=_ORJSON_OPTIONS)
-        except (TypeError, orjson.JSONEncodeError):
-            pass
-        try:
+        except orjson.JSONEncodeError:  # integers beyond 64 bits: the stdlib writes them exactly
             return _JSON_ENCODER.encode(value).encode()
-        except (TypeError, ValueError) as error:
-            raise TypeError(
-                f"value {value!r} is not JSON-serializable ({error}); give the stream or state a "
-                "different codec, e.g. millstream.PickleCodec()"
-            ) from None
 
     def decode(self, data: bytes) -> Any:
+        # orjson reads integers beyond 64 bits as floats: such texts take the exact stdlib path.
         if _BIG_INTEGER.search(data) is None:
             try:
                 return orjson.loads(data)
@@ -58,7 +109,12 @@ class JsonCodec:
 
 
 class PickleCodec:
-    """Any picklable Python object. Opt-in: only for data the pipeline itself wrote."""
+    """Any picklable Python object. Opt-in: only for data the pipeline itself wrote (unpickling
+    data from elsewhere can run arbitrary code).
+
+    >>> PickleCodec().decode(PickleCodec().encode((1, {2: "x"})))
+    (1, {2: 'x'})
+    """
 
     def encode(self, value: Any) -> bytes:
         return pickle.dumps(value, protocol=5)
@@ -71,11 +127,15 @@ class PickleCodec:
 
 
 class BytesCodec:
-    """Raw bytes, passed through untouched."""
+    """Raw bytes, passed through untouched.
+
+    >>> BytesCodec().encode(b"\\x00\\x01")
+    b'\\x00\\x01'
+    """
 
     def encode(self, value: Any) -> bytes:
         if not isinstance(value, (bytes, bytearray, memoryview)):
-            raise TypeError(f"BytesCodec needs bytes, got {type(value).__name__}")
+            raise CodecError(f"BytesCodec needs bytes, got {type(value).__name__}")
         return bytes(value)
 
     def decode(self, data: bytes) -> Any:
@@ -86,11 +146,15 @@ class BytesCodec:
 
 
 class StrCodec:
-    """UTF-8 text."""
+    """UTF-8 text.
+
+    >>> StrCodec().decode(StrCodec().encode("héllo"))
+    'héllo'
+    """
 
     def encode(self, value: Any) -> bytes:
         if not isinstance(value, str):
-            raise TypeError(f"StrCodec needs str, got {type(value).__name__}")
+            raise CodecError(f"StrCodec needs str, got {type(value).__name__}")
         return value.encode()
 
     def decode(self, data: bytes) -> Any:

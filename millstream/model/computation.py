@@ -1,23 +1,27 @@
 """The user contract: a computation is user code run per key, serialized per key.
 
-Kept deliberately small (MillWheel's API, section 5 of the paper): two hooks called by the system and
-a context through which the code reads its key's state, sets timers and produces records.
+Kept deliberately small (MillWheel's API, section 5 of the paper): two hooks called by the system,
+`setup`/`teardown` around a worker's use of the computation, and a context through which the code reads
+its key's state, sets timers and produces records.
+
+User code runs as if it were idempotent: whatever fails, each record and each timer firing takes
+effect exactly once, together with the state changes and productions it made. Code that is not
+deterministic (random draws, clocks, calls to other systems) is fine: only one run's effects are kept.
+Effects on external systems are the user's to make idempotent (MillWheel section 5.1).
 """
 
 from __future__ import annotations
 
 from abc import ABC
-from typing import Any, Protocol, overload
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar, overload
 
 from millstream.model.records import Record, TimeDomain, Timer
-from millstream.model.state import (
-    ListHandle,
-    ListState,
-    MapHandle,
-    MapState,
-    ValueHandle,
-    ValueState,
-)
+from millstream.model.state import ListHandle, ListState, MapHandle, MapState, ValueHandle, ValueState
+
+T = TypeVar("T")
+K = TypeVar("K")
+V = TypeVar("V")
 
 
 class Context(Protocol):
@@ -30,17 +34,19 @@ class Context(Protocol):
 
     @property
     def low_watermark(self) -> int:
-        """The computation's input low watermark: no more on-time records are expected below it."""
+        """The computation's input low watermark at the point in its input where the current record
+        arrived (in `process_timer`: the one that made the timer due)."""
         ...
 
     @property
     def wall_time(self) -> int:
-        """Wall-clock time of this invocation, in ms (a value the test harness controls)."""
+        """Wall-clock time of this step in ms, planned once per step (the same on a replay; a
+        value the test harness controls)."""
         ...
 
     @property
     def is_late(self) -> bool:
-        """True when the record being processed is behind the input low watermark."""
+        """True when the record being processed is stamped behind `low_watermark`."""
         ...
 
     @property
@@ -49,13 +55,13 @@ class Context(Protocol):
         ...
 
     @overload
-    def state(self, spec: ValueState[Any]) -> ValueHandle[Any]: ...
+    def state(self, spec: ValueState[T]) -> ValueHandle[T]: ...
 
     @overload
-    def state(self, spec: ListState[Any]) -> ListHandle[Any]: ...
+    def state(self, spec: ListState[T]) -> ListHandle[T]: ...
 
     @overload
-    def state(self, spec: MapState[Any, Any]) -> MapHandle[Any, Any]: ...
+    def state(self, spec: MapState[K, V]) -> MapHandle[K, V]: ...
 
     def state(self, spec: Any) -> Any:
         """The current key's handle for a state declared on the computation class."""
@@ -63,23 +69,59 @@ class Context(Protocol):
 
     def set_timer(self, tag: str, time: int, domain: TimeDomain = TimeDomain.LOW_WATERMARK) -> None:
         """Set (or move) the key's timer `tag`. A low-watermark timer at or behind the current low
-        watermark fires in the same step, right after the current invocation."""
+        watermark fires in the same step, after the key's records of the current input point."""
         ...
 
     def delete_timer(self, tag: str) -> None:
         """Cancel the key's timer `tag` if it is pending."""
         ...
 
-    def produce(self, record: Record, stream: str) -> None:
+    def produce(self, record: Record[Any], stream: str) -> None:
         """Emit `record` on `stream` (one of the computation's declared outputs). Its id is assigned
         deterministically by the framework."""
         ...
 
+    def clear(self) -> None:
+        """Discard everything this key holds: all its state and pending timers. A key with nothing
+        left disappears from the store."""
+        ...
+
+
+@dataclass(frozen=True)
+class ComputationInfo:
+    """Handed to `Computation.setup`: where this instance runs."""
+
+    computation: str
+    pipeline: str
+
 
 class Computation(ABC):
-    """Subclass and override the hooks; declare state as class attributes (see millstream.state)."""
+    """Subclass and override the hooks; declare state as class attributes (see millstream.state).
 
-    def process_record(self, ctx: Context, record: Record) -> None:
+    >>> from millstream import Pipeline, ScriptedInjector, ValueState
+    >>> from millstream.testing import PipelineHarness
+    >>> class Count(Computation):
+    ...     n = ValueState[int]("n", default=0)
+    ...     def process_record(self, ctx, record):
+    ...         ctx.state(self.n).set(ctx.state(self.n).get() + 1)
+    ...         ctx.produce(Record(ctx.key, ctx.state(self.n).get(), record.timestamp), "counts")
+    >>> pipeline = (Pipeline("demo")
+    ...     .add_injector("in", ScriptedInjector("in", [([Record("a", 0, 1), Record("a", 0, 2)], 10)]), "words")
+    ...     .add_computation("count", Count(), ["words"], ["counts"]))
+    >>> harness = PipelineHarness(pipeline)
+    >>> harness.run_injectors()
+    >>> [r.value for r in harness.output("counts")]
+    [1, 2]
+    """
+
+    def setup(self, info: ComputationInfo) -> None:
+        """Called once in each worker process before the computation's first invocation there:
+        open clients of external systems here, not in `__init__` (the instance travels pickled)."""
+
+    def teardown(self) -> None:
+        """Called when the worker is done with the computation (best effort: a crash skips it)."""
+
+    def process_record(self, ctx: Context, record: Record[Any]) -> None:
         """Called once per delivered record (duplicates by id are discarded before this)."""
 
     def process_timer(self, ctx: Context, timer: Timer) -> None:

@@ -5,39 +5,73 @@ can re-read after a crash and the record ids (assigned by the injector) deduplic
 Offsets are small JSON-serializable dicts the injector defines; the runner stores them in its
 checkpoint and hands them back.
 
-The injector also publishes its own low watermark (MillWheel section 5.3): the timestamp below which
-it promises no more records. A record behind that promise is still delivered; consumers see it as late.
+Like MillWheel's distributed injectors, an injector is split into a fixed, expected set of
+*partitions* read independently (by as many Spark tasks). Each partition publishes its own low
+watermark, the timestamp below which it promises no more records (MillWheel section 5.3); the
+injector's watermark is the minimum over all expected partitions, so it does not advance until every
+partition has reported. A record behind that promise is still delivered; consumers see it as late.
+
+A line of input the injector cannot parse is yielded as `Malformed` instead of a record: the runner
+sends it to the dead-letter stream (or stops, if the injector was added with on_malformed="fail").
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, Iterator
+from dataclasses import dataclass
+from typing import Any, Iterator, Sequence
 
 from millstream.model.records import END_OF_TIME, Record
 
 Offset = dict[str, Any]
 
 
+@dataclass(frozen=True)
+class Malformed:
+    """Input an injector read but could not turn into a record.
+
+    `position` names where it was (file and line, partition and offset) and, like a record id, must be
+    the same on every re-read: it is the dead letter's identity."""
+
+    position: str
+    raw: str
+    error: str
+
+
 class Injector(ABC):
-    @abstractmethod
-    def initial_offset(self) -> Offset:
-        """Offset before anything has been read."""
+    """The contract every injector implements. Single-partition injectors ignore `partition`.
+
+    >>> from millstream import GeneratorInjector, Record
+    >>> gen = GeneratorInjector(lambda i: Record("k", i, i), total=3, low_watermark=lambda n: n)
+    >>> part = gen.partitions()[0]
+    >>> end = gen.latest_offset(part, gen.initial_offset(part), None)
+    >>> [r.value for r in gen.read(part, gen.initial_offset(part), end)]
+    [0, 1, 2]
+    """
+
+    def partitions(self) -> Sequence[str]:
+        """The expected set of partitions, fixed for the life of a pipeline root."""
+        return ("0",)
 
     @abstractmethod
-    def latest_offset(self, start: Offset, max_records: int | None) -> Offset:
-        """How far the injector can read now, starting at `start`, taking at most about
+    def initial_offset(self, partition: str) -> Offset:
+        """Offset of `partition` before anything has been read."""
+
+    @abstractmethod
+    def latest_offset(self, partition: str, start: Offset, max_records: int | None) -> Offset:
+        """How far `partition` can be read now, starting at `start`, taking at most about
         `max_records` records (None: no limit). Returns `start` when nothing new is available."""
 
     @abstractmethod
-    def read(self, start: Offset, end: Offset) -> Iterator[Record]:
-        """The records between two offsets, deterministically. Every record carries an id."""
+    def read(self, partition: str, start: Offset, end: Offset) -> Iterator[Record[Any] | Malformed]:
+        """The records of `partition` between two offsets, deterministically. Every record carries
+        an id; input that is not a record is yielded as Malformed."""
 
     @abstractmethod
-    def low_watermark(self, offset: Offset) -> int:
-        """The injector's published low watermark once everything up to `offset` has been read;
+    def low_watermark(self, partition: str, offset: Offset) -> int:
+        """The partition's published low watermark once everything up to `offset` has been read;
         `END_OF_TIME` once it will never produce again."""
 
-    def is_finished(self, offset: Offset) -> bool:
-        """True when nothing will ever follow `offset`."""
-        return self.low_watermark(offset) >= END_OF_TIME
+    def is_finished(self, partition: str, offset: Offset) -> bool:
+        """True when nothing will ever follow `offset` in `partition`."""
+        return self.low_watermark(partition, offset) >= END_OF_TIME

@@ -2,6 +2,19 @@
 
 Validated when built, with errors that name the user's own objects (never a Spark stack trace):
 duplicate names, unknown streams, streams nobody produces, malformed key extractors.
+
+Errors at run time follow a policy per node (users know them from Kafka Streams' exception handlers
+and Flink's side outputs):
+
+- `fail`: the pipeline stops with one message naming the computation, input stream, key, record id
+  and the user's own traceback. Nothing of the failed step is kept: after a fix, a restart processes
+  the record again. The default for user code, because an exception is usually a bug that would
+  otherwise drop records silently.
+- `dead_letter`: the record (or timer), the error and the traceback go to the `dead_letters` stream
+  and the pipeline goes on; the failed invocation leaves no trace in state or output. The default for
+  malformed external input, which no code change can fix.
+
+`dead_letters` is a stream like any other: give it a sink, or a computation that reads it.
 """
 
 from __future__ import annotations
@@ -9,20 +22,29 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from millstream.model.codecs import DEFAULT_CODEC, Codec
 from millstream.model.computation import Computation
 from millstream.model.injector import Injector
 from millstream.model.records import Record
 
-KeyExtractor = Callable[[Record], str]
+KeyExtractor = Callable[[Record[Any]], str]
+SinkWriter = Callable[[Any, int], None]
+"""A user sink: called as writer(dataframe, batch_id) once per committed producer batch (again
+after a crash before its delivery was recorded: make it idempotent per batch id, as Spark's
+foreachBatch)."""
 
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
 
 # How long, in low-watermark milliseconds after a record arrives, its id is kept to discard
-# duplicates. A duplicate arriving later than this is processed again.
+# duplicates from injectors. A duplicate arriving later than this is processed again.
 DEFAULT_DEDUP_HORIZON_MS = 10 * 60 * 1000
+
+DEAD_LETTERS = "dead_letters"
+"""The stream every computation produces dead letters to (reserved name)."""
+
+FILE_SINK_FORMATS = ("jsonl", "parquet")
 
 
 class PipelineError(ValueError):
@@ -33,14 +55,21 @@ class Production(str, Enum):
     """How a computation's productions reach its consumers (MillWheel section 5.4)."""
 
     STRONG = "strong"
-    """Committed to a durable stream log atomically with the computation's checkpoint, and read by
-    consumers from there: exactly-once output, one durable hop per edge."""
+    """Published to a durable stream log once Spark has committed the batch that made them, and read
+    by consumers from there: exactly-once output, one durable hop per edge."""
     WEAK = "weak"
     """The computation runs fused in its consumer's Spark query, with no durable hop in between:
     lower latency, but the pair restarts together and intermediate records are not kept."""
 
 
-def record_key(record: Record) -> str:
+class ErrorPolicy(str, Enum):
+    """What happens when user code raises, a key extractor fails, or input is malformed."""
+
+    FAIL = "fail"
+    DEAD_LETTER = "dead_letter"
+
+
+def record_key(record: Record[Any]) -> str:
     """The default key extractor: the key the producer gave the record."""
     return record.key
 
@@ -50,6 +79,7 @@ class InjectorNode:
     name: str
     injector: Injector
     stream: str
+    on_malformed: ErrorPolicy = ErrorPolicy.DEAD_LETTER
 
 
 @dataclass(frozen=True)
@@ -60,19 +90,43 @@ class ComputationNode:
     outputs: tuple[str, ...]
     production: Production = Production.STRONG
     dedup_horizon_ms: int = DEFAULT_DEDUP_HORIZON_MS
+    on_error: ErrorPolicy = ErrorPolicy.FAIL
+    exactly_once: bool = True
 
 
 @dataclass(frozen=True)
 class SinkNode:
+    """Where a stream leaves the pipeline. Exactly one of: a file sink (`path` with format jsonl or
+    parquet, written by the executors), a Spark writer (`path` with any other Spark format, or
+    `table`), or a user `writer` function."""
+
     name: str
     stream: str
-    format: str  # "jsonl" or "parquet"
-    path: str
+    path: str | None = None
+    format: str = "jsonl"
+    writer: SinkWriter | None = None
+    table: str | None = None
+    options: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def is_file_sink(self) -> bool:
+        return self.writer is None and self.table is None and self.format in FILE_SINK_FORMATS
 
 
 @dataclass
 class Pipeline:
-    """Build with add_injector / add_computation / add_sink; run with a runner."""
+    """Build with add_injector / add_computation / add_sink; run with a runner.
+
+    >>> from millstream import Computation, ScriptedInjector
+    >>> class Echo(Computation):
+    ...     def process_record(self, ctx, record):
+    ...         ctx.produce(record, "out")
+    >>> p = (Pipeline("echo")
+    ...      .add_injector("src", ScriptedInjector("src", [([Record("k", 1, 5)], 10)]), "in")
+    ...      .add_computation("echo", Echo(), ["in"], ["out"]))
+    >>> p.producers("out"), p.consumers("in")
+    (['echo'], ['echo'])
+    """
 
     name: str
     injectors: dict[str, InjectorNode] = field(default_factory=dict)
@@ -87,17 +141,25 @@ class Pipeline:
     def declare_stream(self, stream: str, codec: Codec) -> "Pipeline":
         """Give `stream` a codec other than the default JSON."""
         _check_name("stream", stream)
+        if stream == DEAD_LETTERS:
+            raise PipelineError(f"stream {DEAD_LETTERS!r} is reserved for dead letters; its codec is JSON")
         if not (hasattr(codec, "encode") and hasattr(codec, "decode")):
             raise PipelineError(f"codec for stream {stream!r} needs encode() and decode()")
         self.codecs[stream] = codec
         return self
 
-    def add_injector(self, name: str, injector: Injector, stream: str) -> "Pipeline":
+    def add_injector(self, name: str, injector: Injector, stream: str,
+                     on_malformed: ErrorPolicy | str = ErrorPolicy.DEAD_LETTER) -> "Pipeline":
+        """Bring `injector`'s records in as `stream`. Input it cannot parse goes to dead letters
+        (or stops the pipeline with on_malformed="fail")."""
         self._check_new_node(name)
-        _check_name("stream", stream)
+        self._check_user_stream(stream, f"injector {name!r}")
         if not isinstance(injector, Injector):
             raise PipelineError(f"injector {name!r} must be a millstream.Injector, got {type(injector).__name__}")
-        self.injectors[name] = InjectorNode(name, injector, stream)
+        partitions = list(injector.partitions())
+        if not partitions or len(set(partitions)) != len(partitions) or not all(isinstance(p, str) for p in partitions):
+            raise PipelineError(f"injector {name!r}: partitions() must return distinct str names, got {partitions!r}")
+        self.injectors[name] = InjectorNode(name, injector, stream, _policy(on_malformed, f"injector {name!r}"))
         return self
 
     def add_computation(
@@ -108,9 +170,15 @@ class Pipeline:
         outputs: Sequence[str] = (),
         production: Production | str = Production.STRONG,
         dedup_horizon_ms: int = DEFAULT_DEDUP_HORIZON_MS,
+        on_error: ErrorPolicy | str = ErrorPolicy.FAIL,
+        exactly_once: bool = True,
     ) -> "Pipeline":
         """`inputs` maps each input stream to this computation's key extractor for it (None: the
-        record's own key); a plain list of stream names keys every input by record key."""
+        record's own key); a plain list of stream names keys every input by record key.
+
+        `exactly_once=False` is MillWheel's switch for code that tolerates duplicates: no dedup of
+        injector records, and productions are published as soon as a batch has run rather than once
+        Spark has committed it (lower latency; a batch re-run after a crash keeps its first output)."""
         self._check_new_node(name)
         if not isinstance(computation, Computation):
             raise PipelineError(
@@ -132,27 +200,48 @@ class Pipeline:
         if isinstance(outputs, str):
             raise PipelineError(f"outputs of {name!r} must be a list of stream names, not a string")
         for stream in outputs:
-            _check_name("stream", stream)
+            self._check_user_stream(stream, f"computation {name!r}")
         if len(set(outputs)) != len(outputs):
             raise PipelineError(f"computation {name!r} lists an output stream twice")
         try:
             production = Production(production)
         except ValueError:
             raise PipelineError(f"production of {name!r} must be 'strong' or 'weak', got {production!r}") from None
-        if dedup_horizon_ms < 0:
-            raise PipelineError(f"dedup_horizon_ms of {name!r} must be >= 0")
+        if isinstance(dedup_horizon_ms, bool) or not isinstance(dedup_horizon_ms, int) or dedup_horizon_ms < 0:
+            raise PipelineError(f"dedup_horizon_ms of {name!r} must be an int >= 0")
         self.computations[name] = ComputationNode(
-            name, computation, extractors, tuple(outputs), production, dedup_horizon_ms
+            name, computation, extractors, tuple(outputs), production, dedup_horizon_ms,
+            _policy(on_error, f"computation {name!r}"), bool(exactly_once),
         )
         return self
 
-    def add_sink(self, name: str, stream: str, path: str, format: str = "jsonl") -> "Pipeline":
-        """Materialize `stream` as files users can read: 'jsonl' (JSON lines) or 'parquet'."""
+    def add_sink(self, name: str, stream: str, path: str | None = None, format: str = "jsonl", *,
+                 writer: SinkWriter | None = None, table: str | None = None,
+                 options: Mapping[str, str] | None = None) -> "Pipeline":
+        """Deliver `stream` out of the pipeline, exactly once per producer batch:
+
+        - `path` with format "jsonl" or "parquet": files written by the executors, one per producer
+          batch and task, made visible once the batch is committed;
+        - `path` with any other Spark format ("csv", "orc", "json", ...): Spark's writer, each batch
+          into `path/batch=<id>` (a re-delivery replaces it);
+        - `table`: appended to a Spark table partitioned by `millstream_batch` (a re-delivery
+          overwrites its own partition);
+        - `writer`: your function, called as writer(dataframe, batch_id).
+
+        The dataframe has columns key, timestamp, id and value (JSON text for JSON streams, bytes
+        otherwise)."""
         self._check_new_node(name)
         _check_name("stream", stream)
-        if format not in ("jsonl", "parquet"):
-            raise PipelineError(f"sink {name!r}: format must be 'jsonl' or 'parquet', got {format!r}")
-        self.sinks[name] = SinkNode(name, stream, format, str(path))
+        given = [x for x in (path, writer, table) if x is not None]
+        if len(given) != 1:
+            raise PipelineError(f"sink {name!r}: give exactly one of path=, writer= or table=")
+        if writer is not None and not callable(writer):
+            raise PipelineError(f"sink {name!r}: writer must be callable as writer(dataframe, batch_id)")
+        if path is not None and (not isinstance(format, str) or not re.match(r"^[A-Za-z][\w.-]*$", format)):
+            raise PipelineError(f"sink {name!r}: format must be a format name such as 'jsonl' or 'parquet', "
+                                f"got {format!r}")
+        self.sinks[name] = SinkNode(name, stream, None if path is None else str(path), format, writer, table,
+                                    dict(options or {}))
         return self
 
     # -- queries used by runners -------------------------------------------------------------
@@ -161,9 +250,15 @@ class Pipeline:
 
     def producers(self, stream: str) -> list[str]:
         """Names of the injectors and computations that produce `stream`, in a stable order."""
+        if stream == DEAD_LETTERS:
+            return sorted(self.computations)
         names = [n.name for n in self.injectors.values() if n.stream == stream]
         names += [n.name for n in self.computations.values() if stream in n.outputs]
         return sorted(names)
+
+    def outputs(self, computation: str) -> tuple[str, ...]:
+        """Every stream a computation may produce to: its declared outputs and the dead letters."""
+        return (*self.computations[computation].outputs, DEAD_LETTERS)
 
     def consumers(self, stream: str) -> list[str]:
         return sorted(n.name for n in self.computations.values() if stream in n.inputs)
@@ -174,6 +269,8 @@ class Pipeline:
             found.update(node.inputs)
             found.update(node.outputs)
         found.update(n.stream for n in self.sinks.values())
+        if self.computations:
+            found.add(DEAD_LETTERS)
         return found
 
     def topological_order(self) -> list[str]:
@@ -190,7 +287,8 @@ class Pipeline:
             visiting.add(name)
             for stream in self.computations[name].inputs:
                 for producer in self.producers(stream):
-                    if producer in self.computations:
+                    # A computation reading dead letters does not receive its own.
+                    if producer in self.computations and not (stream == DEAD_LETTERS and producer == name):
                         visit(producer)
             visiting.discard(name)
             order.append(name)
@@ -208,13 +306,16 @@ class Pipeline:
                 if not self.producers(stream):
                     raise PipelineError(
                         f"computation {node.name!r} reads stream {stream!r}, which no injector or "
-                        f"computation produces (known streams: {sorted(self._produced())})"
+                        f"computation produces (known streams: {self._known()})"
                     )
+            if DEAD_LETTERS in node.inputs and len(node.inputs) > 1:
+                raise PipelineError(f"computation {node.name!r}: a computation that reads {DEAD_LETTERS!r} "
+                                    "reads nothing else")
         for node in self.sinks.values():
             if not self.producers(node.stream):
                 raise PipelineError(
                     f"sink {node.name!r} reads stream {node.stream!r}, which nothing produces "
-                    f"(known streams: {sorted(self._produced())})"
+                    f"(known streams: {self._known()})"
                 )
         for stream in self.codecs:
             if stream not in self.streams():
@@ -233,12 +334,30 @@ class Pipeline:
         found = {n.stream for n in self.injectors.values()}
         for node in self.computations.values():
             found.update(node.outputs)
+        if self.computations:
+            found.add(DEAD_LETTERS)
         return found
+
+    def _known(self) -> list[str]:
+        return sorted(self._produced() - {DEAD_LETTERS})
 
     def _check_new_node(self, name: str) -> None:
         _check_name("node", name)
         if name in self.injectors or name in self.computations or name in self.sinks:
             raise PipelineError(f"name {name!r} is used twice in pipeline {self.name!r}")
+
+    @staticmethod
+    def _check_user_stream(stream: str, owner: str) -> None:
+        _check_name("stream", stream)
+        if stream == DEAD_LETTERS:
+            raise PipelineError(f"{owner}: stream name {DEAD_LETTERS!r} is reserved for dead letters")
+
+
+def _policy(value: ErrorPolicy | str, owner: str) -> ErrorPolicy:
+    try:
+        return ErrorPolicy(value)
+    except ValueError:
+        raise PipelineError(f"{owner}: error policy must be 'fail' or 'dead_letter', got {value!r}") from None
 
 
 def _check_name(what: str, name: object) -> None:

@@ -1,22 +1,25 @@
 """Records, timers and the time constants every layer shares.
 
-Times are integers in milliseconds since the Unix epoch: Spark's event-time watermark has millisecond
-granularity, so a finer unit would be rounded away on the Spark runner.
+Times are integers in milliseconds since the Unix epoch by convention (times before it are ordinary
+values): Spark's timestamps have millisecond granularity, so a finer unit would be rounded away.
 """
 
 from __future__ import annotations
 
 import enum
-import hashlib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
+
+import xxhash
 
 # Lowest possible watermark: nothing has been promised yet.
 BEGINNING_OF_TIME: int = -(2**47)
 # Watermark of an input that will never produce again (a finished injector). Kept well inside the
-# range Python's datetime and Spark's TimestampType both accept, because the Spark runner carries
-# watermarks in a timestamp column.
+# range Python's datetime and Spark's TimestampType both accept.
 END_OF_TIME: int = 2**47 - 1
+
+V = TypeVar("V")
+_UNDECODED: Any = object()
 
 
 class TimeDomain(str, enum.Enum):
@@ -28,21 +31,75 @@ class TimeDomain(str, enum.Enum):
     """Fires once the wall clock reaches the timer's time (at the runner's tick granularity)."""
 
 
-@dataclass(frozen=True, slots=True)
-class Record:
+class Record(Generic[V]):
     """A (key, value, timestamp) triple with a unique id.
 
     `id` is assigned by the framework when a computation produces the record (deterministically, so a
-    replayed production gets the same id and is discarded downstream); injectors assign their own.
+    replayed production gets the same id); injectors assign their own. A record delivered by the
+    framework decodes its value only when user code first reads it.
+
+    >>> r = Record("cats", {"n": 1}, 1_000)
+    >>> r.key, r.value["n"], r.timestamp
+    ('cats', 1, 1000)
+    >>> r.with_id("a1") == Record("cats", {"n": 1}, 1_000, "a1")
+    True
     """
 
-    key: str
-    value: Any
-    timestamp: int
-    id: str = ""
+    __slots__ = ("key", "_value", "_encoded", "_codec", "timestamp", "id")
 
-    def with_id(self, record_id: str) -> "Record":
+    key: str
+    timestamp: int
+    id: str
+
+    def __init__(self, key: str, value: V, timestamp: int, id: str = "") -> None:
+        self.key = key
+        self._value = value
+        self._encoded: bytes | None = None
+        self._codec: Any = None
+        self.timestamp = timestamp
+        self.id = id
+
+    @classmethod
+    def encoded(cls, key: str, data: bytes, codec: Any, timestamp: int, id: str) -> "Record[Any]":
+        """A record whose value is decoded with `codec` on first access (used by the runners)."""
+        record: Record[Any] = cls.__new__(cls)
+        record.key = key
+        record._value = _UNDECODED
+        record._encoded = data
+        record._codec = codec
+        record.timestamp = timestamp
+        record.id = id
+        return record
+
+    @property
+    def value(self) -> V:
+        if self._value is _UNDECODED:
+            self._value = self._codec.decode(self._encoded)
+        return self._value  # type: ignore[no-any-return]
+
+    def encoded_value(self, codec: Any) -> bytes:
+        """The value's bytes under `codec`, reusing the bytes the record arrived with."""
+        if self._encoded is not None and self._codec is codec:
+            return self._encoded
+        return codec.encode(self.value)  # type: ignore[no-any-return]
+
+    def with_id(self, record_id: str) -> "Record[V]":
         return Record(self.key, self.value, self.timestamp, record_id)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Record):
+            return NotImplemented
+        return (self.key, self.timestamp, self.id) == (other.key, other.timestamp, other.id) and (
+            self.value == other.value)
+
+    def __hash__(self) -> int:
+        return hash((self.key, self.timestamp, self.id))
+
+    def __repr__(self) -> str:
+        return f"Record(key={self.key!r}, value={self.value!r}, timestamp={self.timestamp}, id={self.id!r})"
+
+    def __reduce__(self) -> Any:
+        return (Record, (self.key, self.value, self.timestamp, self.id))
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -54,8 +111,15 @@ class Timer:
     domain: TimeDomain = field(default=TimeDomain.LOW_WATERMARK, compare=False)
 
 
-def derive_record_id(producer: str, cause: str, index: int) -> str:
-    """Deterministic id of the `index`-th production caused by `cause` (an input record id or a
-    fired timer) in computation `producer`. Same inputs on replay -> same id -> deduplicated."""
-    digest = hashlib.blake2b(f"{producer}\x1f{cause}\x1f{index}".encode(), digest_size=12)
-    return digest.hexdigest()
+def derive_record_id(producer: str, *cause: object) -> str:
+    """Deterministic id of a production: a function of the producing computation and the cause
+    (the input record's id and the production's index, or the fired timer's identity). The same
+    cause gives the same id on every run.
+
+    >>> derive_record_id("windower", "r", "abc", 0) == derive_record_id("windower", "r", "abc", 0)
+    True
+    >>> derive_record_id("windower", "r", "abc", 0) != derive_record_id("windower", "r", "abc", 1)
+    True
+    """
+    text = "\x1f".join([producer, *map(str, cause)])
+    return xxhash.xxh3_128_hexdigest(text.encode())[:24]

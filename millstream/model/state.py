@@ -1,15 +1,20 @@
 """Declarations of per-key persistent state (Beam's userstate style).
 
 A computation declares its state as class attributes; at run time `ctx.state(spec)` returns a handle
-for the current key. Every value is persisted through the declaration's codec, so the user chooses the
+for the current key, typed by the declaration (`ValueState[int]` gives a handle whose `get()` is an
+`int`). Every value is persisted through the declaration's codec, so the user chooses the
 serialization; state of one key is read and written atomically with that key's timers and productions.
 
     class Counter(Computation):
-        count = ValueState("count", default=0)
+        count: ValueState[int] = ValueState("count", default=0)
 
         def process_record(self, ctx, record):
             state = ctx.state(self.count)
             state.set(state.get() + 1)
+
+`ttl_ms` bounds how long a value lives without being written, in low-watermark time: once the
+computation's input low watermark passes the last write + ttl_ms, the value is gone, whether or not
+the key is touched again (Flink's StateTtlConfig with OnCreateAndWrite; Spark's TTL, in event time).
 """
 
 from __future__ import annotations
@@ -24,33 +29,63 @@ K = TypeVar("K")
 V = TypeVar("V")
 
 
+def _check_ttl(name: str, ttl_ms: int | None) -> None:
+    if ttl_ms is not None and (isinstance(ttl_ms, bool) or not isinstance(ttl_ms, int) or ttl_ms <= 0):
+        raise ValueError(f"state {name!r}: ttl_ms must be a positive int of milliseconds or None")
+
+
 @dataclass(frozen=True)
 class ValueState(Generic[T]):
-    """One value per key; `get()` returns `default` until set."""
+    """One value per key; `get()` returns `default` until set.
+
+    >>> ValueState[int]("count", default=0).default
+    0
+    """
 
     name: str
     codec: Codec = DEFAULT_CODEC
     default: Any = None
+    ttl_ms: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_ttl(self.name, self.ttl_ms)
 
 
 @dataclass(frozen=True)
 class ListState(Generic[T]):
-    """An ordered list per key."""
+    """An ordered list per key.
+
+    >>> ListState[str]("seen").name
+    'seen'
+    """
 
     name: str
     codec: Codec = DEFAULT_CODEC
+    ttl_ms: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_ttl(self.name, self.ttl_ms)
 
 
 @dataclass(frozen=True)
 class MapState(Generic[K, V]):
-    """A map per key, with separate codecs for the map's keys and values."""
+    """A map per key, with separate codecs for the map's keys and values. Entries are decoded one by
+    one as they are read, so touching one entry of a large map costs one entry.
+
+    >>> MapState[int, int]("counts").name
+    'counts'
+    """
 
     name: str
     key_codec: Codec = DEFAULT_CODEC
     value_codec: Codec = DEFAULT_CODEC
+    ttl_ms: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_ttl(self.name, self.ttl_ms)
 
 
-StateSpec = ValueState | ListState | MapState
+StateSpec = ValueState[Any] | ListState[Any] | MapState[Any, Any]
 
 
 class ValueHandle(Protocol[T]):

@@ -1,15 +1,19 @@
 """A deterministic in-process runner for unit-testing computations and whole pipelines, no Spark.
 
 Like Kafka Streams' TopologyTestDriver: feed records, advance injector watermarks and the wall clock,
-then inspect productions, state, pending timers and low watermarks. It runs the very ShardExecutor the
-Spark runner runs, with the same sharding and serialization, and steps the way Spark micro-batches do:
+then inspect productions, state, pending timers and low watermarks. It runs the very executor the
+Spark runner runs, with the same routing and serialization, and the same input points:
 
     step: for each computation, in topological order
-      1. coalesce its senders' published watermarks into its new input low watermark
-      2. deliver its queued records, judged late against the input low watermark from before (the
-         one they were sent under), then fire the timers due by the new one (Spark: one micro-batch,
-         whose rows carry both watermarks)
-      3. publish its output watermark: min(new input watermark, earliest pending low-watermark timer)
+      1. take what each of its senders published since the last step, sender by sender (in name
+         order), each publication point becoming one input point of the step (watermarks.Segment)
+      2. run the step on every key group (deliver each point's records judged against the watermark
+         before it, fire the timers each point's watermark made due)
+      3. publish its productions point by point, each with its output watermark
+
+A feed (or a watermark advance) of an injector is one publication point of that injector; a
+computation's step publishes one point per input point. Spark runs the same points however it
+batches them, which is why the conformance test can demand record-for-record equality.
 """
 
 from __future__ import annotations
@@ -17,79 +21,106 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from millstream.core.executor import (
-    Delivery,
-    MemoryShardStore,
-    Produced,
-    ShardExecutor,
-    StepMetrics,
-)
-from millstream.core.keystate import KeyState, Page
-from millstream.core.plan import ComputationPlan, plan_computation, route
-from millstream.core.watermarks import WatermarkCoalescer, output_watermark
-from millstream.model.injector import Offset
-from millstream.model.pipeline import Pipeline, PipelineError
+from millstream.core.deadletters import dead_letter
+from millstream.core.production import Produced
+from millstream.core.executor import ComputationFailed, Delivery, KeyGroupExecutor, StepMetrics, inspect_key, unkeyable_message
+from millstream.core.plan import ComputationPlan, KeyExtractionError, SenderPlan, key_group, plan_computation
+from millstream.core.store import MemoryKeyStore
+from millstream.core.watermarks import Segment, WatermarkCoalescer, output_watermarks
+from millstream.model.injector import Malformed, Offset
+from millstream.model.pipeline import DEAD_LETTERS, ErrorPolicy, Pipeline, PipelineError
 from millstream.model.records import BEGINNING_OF_TIME, Record, Timer, derive_record_id
+
+
+class InjectorFailed(RuntimeError):
+    """An injector read input it could not parse, under on_malformed="fail"."""
+
+
+@dataclass
+class _Point:
+    """What one sender published at one point: records and its watermark after them."""
+
+    records: list[Produced]
+    watermark: int
+    rejected: list[Produced] = field(default_factory=list)  # dead letters made before the computation
 
 
 @dataclass
 class _ComputationRun:
     plan: ComputationPlan
-    executors: list[ShardExecutor]
+    executors: list[KeyGroupExecutor]
     coalescer: WatermarkCoalescer
-    queue: list[Delivery] = field(default_factory=list)
     output_watermark: int = BEGINNING_OF_TIME
-    next_lw_timer: dict[int, int | None] = field(default_factory=dict)
-    next_wall_timer: dict[int, int | None] = field(default_factory=dict)
     metrics: StepMetrics = field(default_factory=StepMetrics)
     watermark_history: list[int] = field(default_factory=list)
 
 
 class PipelineHarness:
-    def __init__(self, pipeline: Pipeline, shards: int = 4, pages_per_shard: int = 4,
-                 wall_time: int = 0) -> None:
+    """Runs a pipeline in-process.
+
+    >>> from millstream import Computation, Pipeline, Record, ScriptedInjector
+    >>> class Echo(Computation):
+    ...     def process_record(self, ctx, record):
+    ...         ctx.produce(record, "out")
+    >>> harness = PipelineHarness(Pipeline("p")
+    ...     .add_injector("src", ScriptedInjector("src", []), "in")
+    ...     .add_computation("echo", Echo(), ["in"], ["out"]))
+    >>> harness.feed("src", [Record("k", "hello", 5)], watermark=10)
+    >>> harness.run()
+    >>> [(r.key, r.value) for r in harness.output("out")], harness.low_watermark("echo")
+    ([('k', 'hello')], 10)
+    """
+
+    def __init__(self, pipeline: Pipeline, key_groups: int = 4, wall_time: int = 0) -> None:
         pipeline.validate()
         self.pipeline = pipeline
         self.wall_time = wall_time
         self._order = pipeline.topological_order()
         self._runs: dict[str, _ComputationRun] = {}
         for name in self._order:
-            plan = plan_computation(pipeline, name, shards, pages_per_shard)
+            plan = plan_computation(pipeline, name, key_groups)
+            plan.computation.setup(_info(plan))
             self._runs[name] = _ComputationRun(
                 plan,
-                [ShardExecutor(plan, MemoryShardStore()) for _ in range(shards)],
+                [KeyGroupExecutor(plan, MemoryKeyStore()) for _ in range(key_groups)],
                 WatermarkCoalescer(plan.sender_names()),
             )
-        self._injector_watermarks = {name: BEGINNING_OF_TIME for name in pipeline.injectors}
-        self._injector_offsets: dict[str, Offset] = {
-            name: node.injector.initial_offset() for name, node in pipeline.injectors.items()
-        }
+        self._watermarks: dict[tuple[str, str], int] = {}
+        self._offsets: dict[tuple[str, str], Offset] = {}
+        for name, node in pipeline.injectors.items():
+            for partition in node.injector.partitions():
+                self._watermarks[(name, partition)] = BEGINNING_OF_TIME
+                self._offsets[(name, partition)] = node.injector.initial_offset(partition)
         self._fed = {name: 0 for name in pipeline.injectors}
+        # Publication points not yet consumed, per (consumer, sender name).
+        self._pending: dict[tuple[str, str], list[_Point]] = {}
         self._outputs: dict[str, list[Produced]] = {s: [] for s in pipeline.streams()}
 
     # -- driving -------------------------------------------------------------------------------
-    def feed(self, injector: str, records: Iterable[Record], watermark: int | None = None) -> None:
-        """Inject records as if injector `injector` had read them (ids assigned when missing), then
-        optionally publish its new low watermark. Nothing is processed until `step`/`run`."""
+    def feed(self, injector: str, records: Iterable[Record[Any]], watermark: int | None = None,
+             partition: str | None = None) -> None:
+        """Inject records as if injector `injector` had read them (ids assigned when missing) and
+        optionally publish its new low watermark: one publication point. Nothing is processed until
+        `step`/`run`."""
         node = self._injector(injector)
+        partition = self._partition(injector, partition)
         produced = []
+        codec = self.pipeline.codec(node.stream)
         for record in records:
             record_id = record.id or derive_record_id(injector, "feed", self._fed[injector])
             self._fed[injector] += 1
-            produced.append(Produced(node.stream, record.key, self.pipeline.codec(node.stream).encode(record.value),
-                                     record.timestamp, record_id))
-        self._publish(injector, produced)
+            produced.append(Produced(node.stream, record.key, codec.encode(record.value), record.timestamp,
+                                     record_id, 0, len(produced)))
         if watermark is not None:
-            self.advance_watermark(injector, watermark)
+            self._set_watermark(injector, partition, watermark)
+        self._publish_injector(injector, partition, produced, [])
 
-    def advance_watermark(self, injector: str, watermark: int) -> None:
+    def advance_watermark(self, injector: str, watermark: int, partition: str | None = None) -> None:
+        """Publish a new low watermark of an injector (partition), without records."""
         self._injector(injector)
-        if watermark < self._injector_watermarks[injector]:
-            raise ValueError(
-                f"injector {injector!r} watermark cannot go back from "
-                f"{self._injector_watermarks[injector]} to {watermark}"
-            )
-        self._injector_watermarks[injector] = watermark
+        partition = self._partition(injector, partition)
+        self._set_watermark(injector, partition, watermark)
+        self._publish_injector(injector, partition, [], [])
 
     def advance_wall_time(self, wall_time: int) -> None:
         if wall_time < self.wall_time:
@@ -97,23 +128,30 @@ class PipelineHarness:
         self.wall_time = wall_time
 
     def pull_injectors(self, max_records: int | None = None) -> bool:
-        """Read what each injector has available (at most `max_records` each) through the Injector
-        contract, as the Spark runner does. Returns True if anything moved."""
+        """Read what each injector partition has available (at most `max_records` each) through the
+        Injector contract, as the Spark runner does: one publication point per partition that moved.
+        Returns True if anything moved."""
         moved = False
         for name, node in self.pipeline.injectors.items():
-            start = self._injector_offsets[name]
-            end = node.injector.latest_offset(start, max_records)
-            if end != start:
-                produced = [
-                    Produced(node.stream, r.key, self.pipeline.codec(node.stream).encode(r.value), r.timestamp, r.id)
-                    for r in node.injector.read(start, end)
-                ]
-                self._publish(name, produced)
-                self._injector_offsets[name] = end
-                moved = True
-            watermark = node.injector.low_watermark(end)
-            if watermark > self._injector_watermarks[name]:
-                self._injector_watermarks[name] = watermark
+            codec = self.pipeline.codec(node.stream)
+            for partition in node.injector.partitions():
+                start = self._offsets[(name, partition)]
+                end = node.injector.latest_offset(partition, start, max_records)
+                watermark = max(self._watermarks[(name, partition)], node.injector.low_watermark(partition, end))
+                if end == start and watermark == self._watermarks[(name, partition)]:
+                    continue
+                produced: list[Produced] = []
+                rejected: list[Produced] = []
+                if end != start:
+                    for item in node.injector.read(partition, start, end):
+                        if isinstance(item, Malformed):
+                            rejected.append(self._malformed(name, partition, item))
+                        else:
+                            produced.append(Produced(node.stream, item.key, codec.encode(item.value),
+                                                     item.timestamp, item.id, 0, len(produced)))
+                self._offsets[(name, partition)] = end
+                self._watermarks[(name, partition)] = watermark
+                self._publish_injector(name, partition, produced, rejected)
                 moved = True
         return moved
 
@@ -121,22 +159,11 @@ class PipelineHarness:
         """One round over all computations (see the module doc). Returns True if anything happened."""
         busy = False
         for name in self._order:
-            run = self._runs[name]
-            deliveries, run.queue = run.queue, []
-            before = run.coalescer.coalesced
-            for sender in run.plan.sender_names():
-                stream, producer = sender.split("/", 1)
-                run.coalescer.observe(sender, self._published_watermark(producer))
-            busy |= self._run_shards(run, deliveries, before, run.coalescer.coalesced)
-            busy |= run.coalescer.coalesced != before
-            pending = [t for t in run.next_lw_timer.values() if t is not None]
-            new_output = output_watermark(run.coalescer.coalesced, min(pending) if pending else None)
-            run.output_watermark = max(run.output_watermark, new_output)
-            run.watermark_history.append(run.output_watermark)
+            busy |= self._step_computation(self._runs[name])
         return busy
 
     def run(self, max_steps: int = 10_000) -> None:
-        """Step until nothing changes (all queues empty, watermarks settled)."""
+        """Step until nothing changes (all published points consumed, watermarks settled)."""
         for _ in range(max_steps):
             if not self.step():
                 return
@@ -152,12 +179,16 @@ class PipelineHarness:
         raise RuntimeError(f"pipeline did not finish within {max_steps} steps")
 
     # -- inspecting ----------------------------------------------------------------------------
-    def output(self, stream: str) -> list[Record]:
+    def output(self, stream: str) -> list[Record[Any]]:
         """Every record produced on `stream` so far, decoded, in production order."""
         if stream not in self._outputs:
             raise KeyError(f"unknown stream {stream!r}")
         codec = self.pipeline.codec(stream)
         return [Record(p.key, codec.decode(p.value), p.timestamp, p.id) for p in self._outputs[stream]]
+
+    def dead_letters(self) -> list[dict[str, Any]]:
+        """The dead letters published so far (their values)."""
+        return [r.value for r in self.output(DEAD_LETTERS)]
 
     def low_watermark(self, computation: str) -> int:
         """The computation's published (output) low watermark."""
@@ -175,59 +206,127 @@ class PipelineHarness:
     def state(self, computation: str, key: str) -> dict[str, Any]:
         """Decoded persistent state of one key, by state name (absent states omitted)."""
         run = self._run(computation)
-        key_state = self._key_state(run, key)
-        values = {}
-        for name, spec in run.plan.state_specs.items():
-            if name in key_state.encoded:
-                values[name] = key_state.value(spec)
-        return values
+        return inspect_key(run.plan, self._blob(run, key))[0]
 
     def pending_timers(self, computation: str, key: str) -> list[Timer]:
-        return sorted(self._key_state(self._run(computation), key).timers.values())
+        run = self._run(computation)
+        return inspect_key(run.plan, self._blob(run, key))[1]
+
+    def keys(self, computation: str) -> list[str]:
+        """Every key the computation holds anything for."""
+        run = self._run(computation)
+        return sorted(k for e in run.executors for k in e.store.keys())  # type: ignore[attr-defined]
+
+    def pending_wall_timers(self, computation: str) -> int | None:
+        """The earliest wall-time timer still pending in the computation, if any."""
+        times = [e.store.next_wall_time() for e in self._run(computation).executors]
+        pending = [t for t in times if t is not None]
+        return min(pending) if pending else None
 
     # -- internals -----------------------------------------------------------------------------
-    def _run_shards(self, run: _ComputationRun, deliveries: list[Delivery], low_watermark: int,
-                    advanced_watermark: int) -> bool:
+    def _step_computation(self, run: _ComputationRun) -> bool:
         plan = run.plan
-        by_shard: dict[int, list[Delivery]] = {}
+        segments: list[Segment] = []
+        deliveries: list[Delivery] = []
+        rejected: list[Produced] = []
+        for sender in plan.senders():
+            points = self._pending.pop((plan.name, sender.name), [])
+            input_plan = plan.input(sender.stream)
+            for point in points:
+                j = len(segments)
+                segments.append(run.coalescer.advance(sender.name, point.watermark))
+                rejected.extend(p._replace(segment=j) for p in point.rejected)
+                for item in point.records:
+                    record = Record.encoded(item.key, item.value, input_plan.codec, item.timestamp, item.id)
+                    try:
+                        key = input_plan.key_of(record)
+                    except KeyExtractionError as error:
+                        rejected.append(self._unkeyable(plan, sender, record, error, j))
+                        continue
+                    deliveries.append(Delivery(key, sender.stream, record, j, sender.dedup))
+        wall_due = any(e.store.next_wall_time() is not None and e.store.next_wall_time() <= self.wall_time  # type: ignore[operator]
+                       for e in run.executors)
+        if not segments:
+            if not wall_due:
+                return False
+            segments.append(Segment(run.coalescer.coalesced, run.coalescer.coalesced))
+        by_group: dict[int, list[Delivery]] = {}
         for delivery in deliveries:
-            by_shard.setdefault(route(delivery.key, plan.shards, plan.pages_per_shard)[0], []).append(delivery)
-        busy = False
-        for shard, executor in enumerate(run.executors):
-            due_lw = run.next_lw_timer.get(shard)
-            due_wall = run.next_wall_timer.get(shard)
-            has_due = (due_lw is not None and due_lw <= advanced_watermark) or (
-                due_wall is not None and due_wall <= self.wall_time
-            )
-            if shard not in by_shard and not has_due:
-                continue
-            result = executor.step(by_shard.get(shard, []), low_watermark, self.wall_time, advanced_watermark)
-            run.next_lw_timer[shard] = result.next_lw_timer
-            run.next_wall_timer[shard] = result.next_wall_timer
+            by_group.setdefault(key_group(delivery.key, plan.key_groups), []).append(delivery)
+        produced: list[Produced] = []
+        for group, executor in enumerate(run.executors):
+            result = executor.step(by_group.get(group, []), segments, self.wall_time,
+                                   rejected if group == 0 else ())
             run.metrics.add(result.metrics)
-            self._publish(plan.name, result.productions)
-            busy = True
-        return busy
+            produced.extend(result.productions)
+        published = output_watermarks(run.output_watermark, segments)
+        run.output_watermark = published[-1]
+        run.watermark_history.append(run.output_watermark)
+        produced.sort(key=_output_order)
+        for j, watermark in enumerate(published):
+            self._publish(plan.name, [p for p in produced if p.segment == j], watermark)
+        return True
 
-    def _publish(self, producer: str, produced: list[Produced]) -> None:
+    def _publish_injector(self, injector: str, partition: str, produced: list[Produced],
+                          rejected: list[Produced]) -> None:
+        node = self.pipeline.injectors[injector]
+        watermark = self._watermarks[(injector, partition)]
+        consumers = self.pipeline.consumers(node.stream)
+        for stream_item in produced:
+            self._outputs[node.stream].append(stream_item)
+        for index, consumer in enumerate(consumers):
+            # Malformed input becomes a dead letter once: published by the first consumer.
+            point = _Point(list(produced), watermark, rejected if index == 0 else [])
+            sender = f"{node.stream}/{injector}#{partition}"
+            self._pending.setdefault((consumer, sender), []).append(point)
+
+    def _publish(self, producer: str, produced: list[Produced], watermark: int) -> None:
+        by_stream: dict[str, list[Produced]] = {}
         for item in produced:
             self._outputs[item.stream].append(item)
-            codec = self.pipeline.codec(item.stream)
-            for consumer in self.pipeline.consumers(item.stream):
-                run = self._runs[consumer]
-                record = Record(item.key, codec.decode(item.value), item.timestamp, item.id)
-                key = run.plan.input(item.stream).key_of(record, consumer)
-                run.queue.append(Delivery(key, item.stream, record))
+            by_stream.setdefault(item.stream, []).append(item)
+        for stream in self.pipeline.outputs(producer):
+            for consumer in self.pipeline.consumers(stream):
+                point = _Point(by_stream.get(stream, []), watermark)
+                self._pending.setdefault((consumer, f"{stream}/{producer}"), []).append(point)
 
-    def _published_watermark(self, producer: str) -> int:
-        if producer in self._injector_watermarks:
-            return self._injector_watermarks[producer]
-        return self._runs[producer].output_watermark
+    def _malformed(self, injector: str, partition: str, item: Malformed) -> Produced:
+        node = self.pipeline.injectors[injector]
+        if node.on_malformed is ErrorPolicy.FAIL:
+            raise InjectorFailed(f"injector {injector!r} (partition {partition!r}) read malformed input at "
+                                 f"{item.position}: {item.error}")
+        owner = self.pipeline.consumers(node.stream)[0] if self.pipeline.consumers(node.stream) else injector
+        return dead_letter(owner, key=None, stream=node.stream, sender=injector, record_id=item.position,
+                           timestamp=self._watermarks[(injector, partition)], value=item.raw, error=item.error,
+                           segment=0, traceback_text=None)
 
-    def _key_state(self, run: _ComputationRun, key: str) -> KeyState:
-        shard, page_id = route(key, run.plan.shards, run.plan.pages_per_shard)
-        blob = run.executors[shard].store.load_page(page_id)
-        return (Page.loads(blob) if blob else Page()).key_state(key)
+    @staticmethod
+    def _unkeyable(plan: ComputationPlan, sender: SenderPlan, record: Record[Any], error: KeyExtractionError,
+                   segment: int) -> Produced:
+        if plan.on_error is ErrorPolicy.FAIL:
+            raise ComputationFailed(unkeyable_message(plan.name, error, record.id)) from error.error
+        return dead_letter(plan.name, key=None, stream=sender.stream, sender=sender.producer, record_id=record.id,
+                           timestamp=record.timestamp, value=record.value, error=error.error, segment=segment)
+
+    def _set_watermark(self, injector: str, partition: str, watermark: int) -> None:
+        current = self._watermarks[(injector, partition)]
+        if watermark < current:
+            raise ValueError(f"injector {injector!r} watermark cannot go back from {current} to {watermark}")
+        self._watermarks[(injector, partition)] = watermark
+
+    def _partition(self, injector: str, partition: str | None) -> str:
+        partitions = list(self.pipeline.injectors[injector].injector.partitions())
+        if partition is None:
+            if len(partitions) != 1:
+                raise PipelineError(f"injector {injector!r} has partitions {partitions}: say which (partition=)")
+            return partitions[0]
+        if partition not in partitions:
+            raise PipelineError(f"injector {injector!r} has no partition {partition!r}; known: {partitions}")
+        return partition
+
+    def _blob(self, run: _ComputationRun, key: str) -> bytes | None:
+        executor = run.executors[key_group(key, run.plan.key_groups)]
+        return executor.store.load([key]).get(key)
 
     def _run(self, computation: str) -> _ComputationRun:
         if computation not in self._runs:
@@ -238,3 +337,13 @@ class PipelineHarness:
         if name not in self.pipeline.injectors:
             raise PipelineError(f"unknown injector {name!r}; known: {sorted(self.pipeline.injectors)}")
         return self.pipeline.injectors[name]
+
+
+def _output_order(item: Produced) -> tuple[int, int]:
+    return item.segment, item.order
+
+
+def _info(plan: ComputationPlan) -> Any:
+    from millstream.model.computation import ComputationInfo
+
+    return ComputationInfo(plan.name, plan.pipeline)

@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import threading
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -514,7 +514,7 @@ class ZeitgeistInjector(Injector):
 
     def __init__(self, config: ZeitgeistConfig, records_per_second: float | None = None,
                  max_records_per_read: int = 50_000, watermark: str = "honest",
-                 naive_bound_ms: int = 2000) -> None:
+                 naive_bound_ms: int = 2000, partitions: int = 1) -> None:
         if watermark not in ("honest", "naive"):
             raise ValueError("watermark must be 'honest' or 'naive'")
         self.config = config
@@ -522,6 +522,7 @@ class ZeitgeistInjector(Injector):
         self.max_records_per_read = max_records_per_read
         self.watermark_mode = watermark
         self.naive_bound_ms = naive_bound_ms
+        self.partition_count = partitions
         self._inner: GeneratorInjector | None = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -545,20 +546,23 @@ class ZeitgeistInjector(Injector):
                 def watermark_at(n: int) -> int:
                     return int(log.max_emitted[n]) - bound if n else self.config.start_ms - bound
             self._inner = GeneratorInjector(log.record, len(log), watermark_at, self.records_per_second,
-                                            self.max_records_per_read)
+                                            self.max_records_per_read, partitions=self.partition_count)
         return self._inner
 
-    def initial_offset(self) -> Offset:
-        return self._generator().initial_offset()
+    def partitions(self) -> Sequence[str]:
+        return tuple(str(p) for p in range(self.partition_count))
 
-    def latest_offset(self, start: Offset, max_records: int | None) -> Offset:
-        return self._generator().latest_offset(start, max_records)
+    def initial_offset(self, partition: str) -> Offset:
+        return self._generator().initial_offset(partition)
 
-    def read(self, start: Offset, end: Offset) -> Iterator[Record]:
-        return self._generator().read(start, end)
+    def latest_offset(self, partition: str, start: Offset, max_records: int | None) -> Offset:
+        return self._generator().latest_offset(partition, start, max_records)
 
-    def low_watermark(self, offset: Offset) -> int:
-        return self._generator().low_watermark(offset)
+    def read(self, partition: str, start: Offset, end: Offset) -> Iterator[Record[Any]]:
+        return self._generator().read(partition, start, end)
+
+    def low_watermark(self, partition: str, offset: Offset) -> int:
+        return self._generator().low_watermark(partition, offset)
 
     def max_emitted(self, emitted: int) -> int:
         """Largest event time among the first `emitted` events (for event-time lag displays)."""

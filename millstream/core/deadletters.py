@@ -1,0 +1,67 @@
+"""Dead letters: what the `dead_letter` error policy publishes instead of failing.
+
+A dead letter is a record on the `dead_letters` stream (JSON) saying where it happened, what failed
+and what the input was. Its id derives from the failed input's identity, so a re-run of the same step
+produces the same dead letter, and its timestamp is the input's, so it travels with the watermarks.
+"""
+
+from __future__ import annotations
+
+import traceback
+from typing import Any
+
+from millstream.core.production import Produced, order_base
+from millstream.model.codecs import DEFAULT_CODEC
+from millstream.model.pipeline import DEAD_LETTERS
+from millstream.model.records import derive_record_id
+
+
+_MILLSTREAM_FRAMES = ("/millstream/core/", "/millstream/spark/", "/millstream/testing/")
+
+
+def user_traceback(error: BaseException) -> str:
+    """The traceback of `error` without millstream's own frames: what the user's code did."""
+    frames = [f for f in traceback.extract_tb(error.__traceback__)
+              if not any(part in f.filename.replace("\\", "/") for part in _MILLSTREAM_FRAMES)]
+    lines = traceback.format_list(frames) + traceback.format_exception_only(type(error), error)
+    return "Traceback (most recent call last):\n" + "".join(lines)
+
+
+def describe_error(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}"
+
+
+def json_safe(value: Any) -> Any:
+    """`value` if JSON stores it faithfully, else its repr (a dead letter must always be writable)."""
+    try:
+        DEFAULT_CODEC.encode(value)
+        return value
+    except Exception:
+        return repr(value)
+
+
+def dead_letter(computation: str, *, key: str | None, stream: str | None, sender: str | None,
+                record_id: str | None, timestamp: int, value: Any, error: BaseException | str,
+                segment: int, timer: dict[str, Any] | None = None, traceback_text: str | None = None) -> Produced:
+    if isinstance(error, BaseException):
+        message = describe_error(error)
+        traceback_text = traceback_text or user_traceback(error)
+    else:
+        message = error
+    body = {
+        "computation": computation,
+        "input": stream,
+        "sender": sender,
+        "key": key,
+        "record_id": record_id,
+        "timestamp": timestamp,
+        "value": json_safe(value),
+        "timer": timer,
+        "error": message,
+        "traceback": traceback_text,
+    }
+    cause = record_id if timer is None else f"{key}\x1f{timer['tag']}\x1f{timer['time']}\x1f{timer['setter']}"
+    letter_id = derive_record_id(computation, "dead", stream, cause)
+    letter_key = key if key is not None else (sender or computation)
+    return Produced(DEAD_LETTERS, letter_key, DEFAULT_CODEC.encode(body), timestamp, letter_id, segment,
+                    order_base(letter_key) | 0xFFFFFFFF)
