@@ -1,42 +1,41 @@
-"""The transformWithState processors that run a computation's ShardExecutor inside Spark.
+"""The transformWithState processor that runs a computation's KeyGroupExecutor inside Spark.
 
-Spark groups rows by shard (MillWheel's key interval), not by user key: the Python stateful operator
-pays a fixed cost per grouping key per batch and ~50-65 us per state call, so per-user-key grouping
-would cost a state call per key and a Spark timer per user timer. Per shard we keep:
+Spark groups rows by key group (MillWheel's key interval), not by user key: the Python stateful
+operator pays a fixed cost per grouping key per batch and a JVM round trip per state call, so each
+key group keeps its keys in a few state variables (statestore.py) and runs all of them in one call.
 
-- MapState `pages`: page id -> blob of that page's keys (state, timers, seen ids); only pages touched
-  in a step are read and rewritten, so a step's cost follows the keys it touches, not the shard size.
-- ValueState `index`: each page's earliest timers (ShardIndex).
+Every key group receives at least one row per batch (the source's heartbeat), so every group runs the
+batch's input points: delivers its records, then fires the timers the points made due. No Spark
+timers are used. All state writes of a batch land in Spark's state store together when Spark
+commits the batch: per-key atomicity, by construction.
 
-No Spark timers: the source's rows carry the batch's input low watermark before and after it, and a
-batch that moves the watermark invokes every shard (source.py). The executor delivers the records
-judged against the old watermark, then fires every user timer the new one made due, in the same batch.
-All writes of a batch land in RocksDB together when Spark commits the batch, with the productions it
-emitted: per-key atomicity, by construction.
+The operator emits, per key group, its productions (bundled) and its step's counters; the writer
+stage (writer.py) turns them into files on the executors.
 
-Records come in and go out in bundles (bundles.py), a few rows per shard instead of one per record.
-Each invocation emits its productions (kind 'records') and one report row (kind 'report') carrying the
-shard's next pending timers and step metrics; the driver-side commit aggregates reports into the
-output watermark.
-
-Weak productions fuse a computation A into its consumer B's query as two chained operators. A's
-productions leave A's operator already keyed and bundled per shard of B (kind 'records'), and every
-invocation of an A shard also sends a 'hold' row to every B shard: A's earliest pending timer on that
-shard and the batch's input watermark. B's operator keeps the table of holds and computes its own input
-low watermark, min(input watermark, holds of A), so records A produces from timers are never late at B.
-Any change of that watermark comes with hold rows, which invoke every B shard.
+Weak productions fuse a computation A into its consumer B's query, with no durable hop: A's operator
+(FusedProducerProcessor) keys its productions with B's extractors and emits them as B's input rows,
+bundled per B key group, in input order; B's operator runs exactly as if it read A's log. A publishes
+its output watermark after each input point as the watermark there (all due work done), so B's input
+points are A's, with the same watermarks: the batch plan passes through unchanged. Key group g of A
+also sends key group g of B its heartbeat, carrying A's counters for the driver.
 """
 
 from __future__ import annotations
 
-import time
+from operator import itemgetter
 from typing import Any, Iterator
 
-from millstream.core.executor import Delivery, ShardExecutor, StepResult
-from millstream.core.plan import ComputationPlan, route
-from millstream.core.watermarks import output_watermark
-from millstream.model.records import BEGINNING_OF_TIME, Record
-from millstream.spark.bundles import DeliveryItem, ProductionItem, chunks, unpack
+from millstream.core.deadletters import dead_letter
+from millstream.core.executor import ComputationFailed, Delivery, KeyGroupExecutor, StepResult, unkeyable_message
+from millstream.core.plan import ComputationPlan, KeyExtractionError, key_group
+from millstream.core.production import Produced
+from millstream.model.computation import ComputationInfo
+from millstream.model.pipeline import DEAD_LETTERS, ErrorPolicy
+from millstream.model.records import Record
+from millstream.spark.bundles import BUNDLE_RECORDS, DeliveryItem, pack, unpack
+from millstream.spark.errors import report_failure
+from millstream.spark.source import BatchPlan
+from millstream.spark.statestore import SparkKeyStore
 
 try:
     from pyspark.sql import Row
@@ -45,157 +44,157 @@ except ImportError:  # pragma: no cover
     StatefulProcessor = object  # type: ignore
     StatefulProcessorHandle = Any  # type: ignore
 
-OUTPUT_SCHEMA = (
-    "kind string, computation string, shard int, bundle binary, wm long, next_lw long, next_wall long, "
-    "stamp long, source_shard int, records long, duplicates long, late long, timers long, productions long"
-)
-_EMPTY = dict.fromkeys(
-    ("kind", "computation", "shard", "bundle", "wm", "next_lw", "next_wall", "stamp", "source_shard",
-     "records", "duplicates", "late", "timers", "productions")
-)
+METRICS = ("records", "duplicates", "late", "timers_fired", "productions", "dead_letters")
+OUTPUT_SCHEMA = ("key_group int, productions binary, computation string, records long, duplicates long, "
+                 "late long, timers_fired long, productions_count long, dead_letters long, wake_wall long, "
+                 "bytes_written long, upstream_reports binary")
+# A fused (weak) computation's output: its consumer's input rows, plus its own counters.
+FUSED_SCHEMA = "key_group int, bundle binary, rejected binary, plan binary, reports binary"
+
+# Computations whose setup() ran in this worker process (set up once per process, not per task).
+_SET_UP: set[tuple[str, str]] = set()
 
 
-def output_row(**fields: Any) -> Any:
-    return Row(**{**_EMPTY, **fields})
+def _set_up(plan: ComputationPlan) -> None:
+    ident = (plan.pipeline, plan.name)
+    if ident not in _SET_UP:
+        plan.computation.setup(ComputationInfo(plan.name, plan.pipeline))
+        _SET_UP.add(ident)
 
 
-def report_row(computation: str, shard: int, low_watermark: int, result: StepResult) -> Any:
+def group_report(plan: ComputationPlan, group: int, result: StepResult, bytes_written: int) -> dict[str, Any]:
     m = result.metrics
-    return output_row(kind="report", computation=computation, shard=shard, wm=low_watermark,
-                      next_lw=result.next_lw_timer, next_wall=result.next_wall_timer, records=m.records,
-                      duplicates=m.duplicates, late=m.late, timers=m.timers_fired, productions=m.productions)
+    return {"computation": plan.name, "key_group": group, "records": m.records, "duplicates": m.duplicates,
+            "late": m.late, "timers_fired": m.timers_fired, "productions": m.productions,
+            "dead_letters": m.dead_letters, "wake_wall": result.wake_wall, "bytes_written": bytes_written}
 
 
-def production_rows(result: StepResult) -> Iterator[Any]:
-    """The step's productions for the committer, bundled."""
-    items: list[ProductionItem] = [(p.stream, p.key, p.value, p.timestamp, p.id) for p in result.productions]
-    for bundle in chunks(items):
-        yield output_row(kind="records", bundle=bundle)
+def output_rows(plan: ComputationPlan, group: int, result: StepResult, bytes_written: int,
+                upstream_reports: bytes | None) -> Iterator[Any]:
+    """The group's productions in bundles; the first row carries the step's counters."""
+    productions = result.productions
+    metrics = result.metrics
+    first = True
+    for start in range(0, max(len(productions), 1), BUNDLE_RECORDS):
+        chunk = productions[start:start + BUNDLE_RECORDS]
+        yield Row(key_group=group, productions=pack(chunk) if chunk else None, computation=plan.name,
+                  records=metrics.records if first else 0, duplicates=metrics.duplicates if first else 0,
+                  late=metrics.late if first else 0, timers_fired=metrics.timers_fired if first else 0,
+                  productions_count=metrics.productions if first else 0,
+                  dead_letters=metrics.dead_letters if first else 0,
+                  wake_wall=result.wake_wall if first else None, bytes_written=bytes_written if first else 0,
+                  upstream_reports=upstream_reports if first else None)
+        first = False
 
 
-def deliveries_of(bundle: bytes | None, codecs: dict[str, Any]) -> list[Delivery]:
-    return [Delivery(key, stream, Record(rkey, codecs[stream].decode(value), ts, rid))
-            for key, rkey, stream, value, ts, rid in unpack(bundle)]
+class _GroupStep:
+    """One key group's step inside Spark, shared by both processors."""
+
+    def __init__(self, plan: ComputationPlan, root: str, namespace: str, handle: StatefulProcessorHandle) -> None:
+        self.plan, self.root, self.namespace = plan, root, namespace
+        self.head = handle.getValueState("head", "blob binary")
+        self.chunks = handle.getMapState("chunks", "id long", "blob binary")
+        self.codecs = {i.stream: i.codec for i in plan.inputs}
+        _set_up(plan)
+
+    def run(self, group: int, rows: Iterator[Any]) -> tuple[StepResult, int, BatchPlan, list[Any]]:
+        items: list[Any] = []
+        rejected: list[Any] = []
+        upstream: list[Any] = []
+        batch: bytes | None = None
+        for row in rows:
+            batch = row.plan
+            if row.bundle:
+                items.extend(unpack(row.bundle))
+            if row.rejected:
+                rejected.extend(unpack(row.rejected))
+            reports = getattr(row, "reports", None)
+            if reports:
+                upstream.extend(unpack(reports))
+        plan = BatchPlan.loads(batch)  # type: ignore[arg-type]
+        # Spark's shuffle delivers bundles in any order: restore input order (point, then position).
+        items.sort(key=itemgetter(6, 7))
+        codecs = self.codecs
+        deliveries = [Delivery(key, stream, Record.encoded(rkey, value, codecs[stream], ts, rid), segment, dedup)
+                      for key, stream, rkey, value, ts, rid, segment, _, dedup in items]
+        store = SparkKeyStore(self.head, self.chunks, self.namespace, group)
+        try:
+            result = KeyGroupExecutor(self.plan, store).step(deliveries, plan.segments, plan.wall_time, rejected)
+        except ComputationFailed as failure:
+            report_failure(self.root, self.plan.name, str(failure))
+            raise
+        return result, store.bytes_written, plan, upstream
 
 
-def _wall_time(timer_values: Any) -> int:
-    batch_time = timer_values.getCurrentProcessingTimeInMs()
-    return batch_time if batch_time > 0 else int(time.time() * 1000)
+class KeyGroupProcessor(StatefulProcessor):
+    """A computation on Spark: one grouping key per key group."""
 
-
-class _SparkShardStore:
-    """ShardStore over transformWithState state variables of the current grouping key."""
-
-    def __init__(self, pages: Any, index: Any) -> None:
-        self._pages, self._index = pages, index
-
-    def load_index(self) -> bytes | None:
-        value = self._index.get()
-        return bytes(value[0]) if value else None
-
-    def save_index(self, blob: bytes) -> None:
-        self._index.update((blob,))
-
-    def load_page(self, page: int) -> bytes | None:
-        value = self._pages.getValue((page,))
-        return bytes(value[0]) if value else None
-
-    def save_page(self, page: int, blob: bytes | None) -> None:
-        if blob is None:
-            self._pages.removeKey((page,))
-        else:
-            self._pages.updateValue((page,), (blob,))
-
-
-def _shard_executor(handle: StatefulProcessorHandle, plan: ComputationPlan) -> tuple[ShardExecutor, dict[str, Any]]:
-    """The plan's executor over this grouping key's state, and the codec of each input stream."""
-    store = _SparkShardStore(handle.getMapState("pages", "page int", "blob binary"),
-                             handle.getValueState("index", "blob binary"))
-    return ShardExecutor(plan, store), {i.stream: i.codec for i in plan.inputs}
-
-
-class ShardProcessor(StatefulProcessor):
-    """A computation on Spark, fed by the source. With `downstream`, its productions are handed to
-    that computation's operator in the same query (weak productions)."""
-
-    def __init__(self, plan: ComputationPlan, downstream: ComputationPlan | None = None) -> None:
+    def __init__(self, plan: ComputationPlan, root: str, namespace: str) -> None:
         self.plan = plan
-        self.downstream = downstream
+        self.root = root
+        self.namespace = namespace
 
     def init(self, handle: StatefulProcessorHandle) -> None:
-        self.executor, self.codecs = _shard_executor(handle, self.plan)
+        self.step = _GroupStep(self.plan, self.root, self.namespace, handle)
 
     def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:
-        deliveries: list[Delivery] = []
-        before = after = None
-        for row in rows:  # every row of a batch carries the same two watermarks
-            before, after = row.before, row.stamp
-            deliveries.extend(deliveries_of(row.bundle, self.codecs))  # heartbeats carry none
-        shard = key[0]
-        result = self.executor.step(deliveries, before, _wall_time(timerValues), after)
-        if self.downstream is None:
-            yield from production_rows(result)
-        else:
-            yield from self._hand_over(result, after, shard)
-        yield report_row(self.plan.name, shard, after, result)
-
-    def _hand_over(self, result: StepResult, stamp: int, source_shard: int) -> Iterator[Any]:
-        """Productions keyed and sharded for the fused downstream computation, then this shard's hold."""
-        downstream = self.downstream
-        by_shard: dict[int, list[DeliveryItem]] = {}
-        for p in result.productions:
-            key = downstream.input(p.stream).key_of_encoded(p.key, p.value, p.timestamp, p.id, downstream.name)
-            shard = route(key, downstream.shards, downstream.pages_per_shard)[0]
-            by_shard.setdefault(shard, []).append((key, p.key, p.stream, p.value, p.timestamp, p.id))
-        for shard, items in sorted(by_shard.items()):
-            for bundle in chunks(items):
-                yield output_row(kind="records", shard=shard, bundle=bundle)
-        for shard in range(downstream.shards):
-            yield output_row(kind="hold", computation=self.plan.name, shard=shard, next_lw=result.next_lw_timer,
-                             stamp=stamp, source_shard=source_shard)
+        group = key[0]
+        result, bytes_written, _, upstream = self.step.run(group, rows)
+        yield from output_rows(self.plan, group, result, bytes_written, pack(upstream) if upstream else None)
 
     def close(self) -> None:
         pass
 
 
-class FusedConsumerProcessor(StatefulProcessor):
-    """The consumer of a weak computation, fed by that computation's operator (timeMode None)."""
+class FusedProducerProcessor(StatefulProcessor):
+    """A weak computation, fused ahead of its consumer in the consumer's query (see the module doc)."""
 
-    def __init__(self, plan: ComputationPlan) -> None:
-        self.plan = plan
+    def __init__(self, plan: ComputationPlan, consumer: ComputationPlan, root: str, namespace: str) -> None:
+        self.plan, self.consumer, self.root, self.namespace = plan, consumer, root, namespace
 
     def init(self, handle: StatefulProcessorHandle) -> None:
-        self.executor, self.codecs = _shard_executor(handle, self.plan)
-        # upstream shard -> its earliest pending timer; the input watermark; our low watermark
-        self.holds = handle.getMapState("holds", "source_shard int", "next_lw long")
-        self.marks = handle.getValueState("marks", "input long, low long")
+        self.step = _GroupStep(self.plan, self.root, self.namespace, handle)
 
     def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:
-        deliveries: list[Delivery] = []
-        held: dict[int, int | None] = {}
-        marks = self.marks.get()
-        stamp, before = (marks[0], marks[1]) if marks else (BEGINNING_OF_TIME, BEGINNING_OF_TIME)
-        for row in rows:
-            if row.kind == "report":
-                yield row  # the upstream computation's report, for the committer
-            elif row.kind == "hold":
-                held[row.source_shard] = row.next_lw
-                stamp = max(stamp, row.stamp)
+        group = key[0]
+        result, bytes_written, batch, _ = self.step.run(group, rows)
+        plan_blob = batch.dumps()
+        by_group: dict[int, list[DeliveryItem]] = {}
+        passthrough: list[Produced] = []
+        for item in result.productions:
+            if item.stream == DEAD_LETTERS:
+                passthrough.append(item)
+                continue
+            handed = self._hand_over(item)
+            if isinstance(handed, Produced):
+                passthrough.append(handed)
             else:
-                deliveries.extend(deliveries_of(row.bundle, self.codecs))
-        if not deliveries and not held:
-            return
-        for source_shard, next_lw in held.items():
-            if next_lw is None:
-                self.holds.removeKey((source_shard,))
-            else:
-                self.holds.updateValue((source_shard,), (next_lw,))
-        pending = [value[0] for value in self.holds.values()]
-        after = max(before, output_watermark(stamp, min(pending) if pending else None))
-        result = self.executor.step(deliveries, before, _wall_time(timerValues), after)
-        self.marks.update((stamp, after))
-        yield from production_rows(result)
-        yield report_row(self.plan.name, key[0], after, result)
+                by_group.setdefault(key_group(handed[0], self.consumer.key_groups), []).append(handed)
+        for target, items in sorted(by_group.items()):
+            for start in range(0, len(items), BUNDLE_RECORDS):
+                yield Row(key_group=target, bundle=pack(items[start:start + BUNDLE_RECORDS]), rejected=None,
+                          plan=plan_blob, reports=None)
+        report = group_report(self.plan, group, result, bytes_written)
+        yield Row(key_group=group % self.consumer.key_groups, bundle=None,
+                  rejected=pack(passthrough) if passthrough else None, plan=plan_blob, reports=pack([report]))
+
+    def _hand_over(self, item: Produced) -> DeliveryItem | Produced:
+        """A production as the consumer's delivery (keyed by its extractor for the stream)."""
+        consumer = self.consumer
+        input_plan = consumer.input(item.stream)
+        key = item.key
+        if not input_plan.keyed_by_record_key:
+            record = Record.encoded(item.key, item.value, input_plan.codec, item.timestamp, item.id)
+            try:
+                key = input_plan.key_of(record)
+            except KeyExtractionError as error:
+                if consumer.on_error is ErrorPolicy.FAIL:
+                    report_failure(self.root, consumer.name, unkeyable_message(consumer.name, error, item.id))
+                    raise
+                return dead_letter(consumer.name, key=None, stream=item.stream, sender=self.plan.name,
+                                   record_id=item.id, timestamp=item.timestamp, value=record.value,
+                                   error=error.error, segment=item.segment)
+        return (key, item.stream, item.key, item.value, item.timestamp, item.id, item.segment, item.order, False)
 
     def close(self) -> None:
         pass

@@ -1,18 +1,22 @@
 """Runs a Pipeline on Spark Structured Streaming: one streaming query per computation.
 
-    source (all inputs bundled per shard, coalesced low watermarks before and after the batch)
-      -> groupBy("shard").transformWithState(ShardProcessor)    [RocksDB state, checkpointed]
-      -> foreachBatch(BatchCommitter)     [stream logs + sinks + status, idempotent by batch id]
+    source (the computation's senders: injector partitions, upstream publication logs)
+      -> groupBy("key_group").transformWithState(KeyGroupProcessor)   [state in Spark's state store]
+      -> foreachBatch(BatchStager): executors write the batch's files, the driver stages a manifest
+    Spark commits the batch -> Publisher appends it to the computation's publication log -> sinks
 
 Everything lives under one root (a local directory or a remote location, see storage.py):
-`checkpoints/<computation>` (Spark's offsets, commits and state; `checkpoint_root` moves them),
-`streams/` (stream logs), `status/<computation>` (watermark and counters per batch, `history/` one
-file per batch). Running the same pipeline on the same root resumes from the checkpoints.
+`checkpoints/<computation>/<generation>` (Spark's offsets, commits and state; `checkpoint_root` moves
+them), `streams/` (the files of stream logs), `log/<computation>` (publication logs), `staged/`,
+`status/<computation>` (status hints and history), `sinks/` (sink progress), `lease.json`. Running
+the same pipeline on the same root resumes from where it stopped.
+
+This module is the lifecycle: layout, claiming the root, starting and watching queries, progress.
+The commit protocol is commit.py, sinks sinks.py, the user-facing errors errors.py.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import sys
@@ -21,36 +25,29 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-import pyarrow as pa
-import pyarrow.compute as pc
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
 
-from millstream.core.executor import Produced
-from millstream.core.plan import (
-    DEFAULT_PAGES_PER_SHARD,
-    DEFAULT_SHARDS,
-    ComputationPlan,
-    plan_computation,
-    sender_name,
-)
-from millstream.core.watermarks import output_watermark
-from millstream.model.pipeline import Pipeline, PipelineError, Production
+from millstream.core.plan import DEFAULT_KEY_GROUPS, ComputationPlan, plan_computation
+from millstream.model.pipeline import ErrorPolicy, Pipeline, PipelineError, Production
 from millstream.model.records import BEGINNING_OF_TIME, END_OF_TIME, Record
-from millstream.spark.bundles import unpack
-from millstream.spark.operator import OUTPUT_SCHEMA, FusedConsumerProcessor, ShardProcessor
-from millstream.spark.source import SOURCE_FORMAT, InputsDataSource, Sender, SourcePlan
+from millstream.spark.commit import BatchStager, Checkpoint, ComputationCommit, Publisher, wake_file
+from millstream.spark.errors import MillstreamRunError, reported_failure, user_error_message
+from millstream.spark.fencing import Lease, RootInUse, driver_info
+from millstream.spark.operator import FUSED_SCHEMA, OUTPUT_SCHEMA, FusedProducerProcessor, KeyGroupProcessor
+from millstream.spark.publog import BATCH, CLAIM, Fenced, FencedWriter, PublicationLog
+from millstream.spark.sinks import SinkDelivery, sink_deliverers
+from millstream.spark.source import LOG_SCHEMA, SOURCE_FORMAT, InputsDataSource, Sender, SourcePlan
 from millstream.spark.storage import Storage, is_local
-from millstream.spark.streamlog import StreamLog, productions_table
+from millstream.spark.writer import FileSink
 
+__all__ = ["ComputationProgress", "MillstreamRunError", "PipelineProgress", "RootInUse", "SparkRunner"]
 
 # Failures that say nothing about the pipeline: the query is restarted from its checkpoint.
 _TRANSIENT = ("Python worker failed to connect back", "Timed out while waiting for the Python worker")
 MAX_RESTARTS = 10
-# Version of the state and stream layout under a root; a root written by another version is refused.
-LAYOUT_FORMAT = 2
-
-
-class MillstreamRunError(RuntimeError):
-    """A computation's query failed; the message carries the user-level cause, not Spark's trace."""
+# Version of the state and log layout under a root; a root written by another version is refused.
+LAYOUT_FORMAT = 3
 
 
 @dataclass
@@ -62,14 +59,16 @@ class ComputationProgress:
     late: int = 0
     timers_fired: int = 0
     productions: int = 0
+    dead_letters: int = 0
     batches: int = 0
     wall_ms: int = 0
+    next_wall_timer: int | None = None
 
 
 @dataclass
 class InjectorProgress:
-    """An injector's published low watermark. Records are counted where they are delivered: see
-    ComputationProgress.records of its consumers."""
+    """An injector's published low watermark (the minimum over its partitions). Records are counted
+    where they are delivered: see ComputationProgress.records of its consumers."""
 
     low_watermark: int = BEGINNING_OF_TIME
 
@@ -81,139 +80,29 @@ class PipelineProgress:
 
     @property
     def done(self) -> bool:
-        return bool(self.computations) and all(
-            c.low_watermark >= END_OF_TIME for c in self.computations.values()
-        )
+        """Every computation's low watermark reached END_OF_TIME: all input was processed."""
+        return bool(self.computations) and all(c.low_watermark >= END_OF_TIME for c in self.computations.values())
 
-
-_METRICS = ("records", "duplicates", "late", "timers", "productions")
-
-
-class BatchCommitter:
-    """foreachBatch of one query: turns the operators' output into committed stream-log batches, sink
-    files and each computation's status, all keyed by Spark's batch id.
-
-    `chain` is the query's computations in order: weak computations fused ahead of the last one, whose
-    productions are logged. The input watermark of each is the output watermark of the one before."""
-
-    def __init__(self, pipeline: Pipeline, chain: list[ComputationPlan], root: str, checkpoint: str) -> None:
-        self.pipeline = pipeline
-        self.chain = chain
-        self.plan = chain[-1]
-        self.log = StreamLog(root)
-        self.checkpoint = Storage(checkpoint)
-        self.root = root
-        self.sinks = [s for s in pipeline.sinks.values() if s.stream in self.plan.output_codecs]
-
-    def __call__(self, frame: Any, batch_id: int) -> None:
-        # Always run the batch: Spark commits the operators' state stores only when the whole frame
-        # is consumed, also when it replays a batch after a restart.
-        table = frame.toArrow()
-        previous = {plan.name: load_status(status_storage(self.root, plan.name)) for plan in self.chain}
-        if previous[self.plan.name].get("batch", -1) >= batch_id:
-            return  # committed before the restart: the replay must not publish it twice
-        reports = table.filter(pc.equal(table["kind"], "report")).to_pylist()
-        offset = self._end_offset(batch_id)
-        watermark = offset["watermark"]
-        senders = {name: item["watermark"] for name, item in offset["senders"].items()}
-        statuses = []
-        for plan in self.chain:
-            status = _next_status(previous[plan.name], [r for r in reports if r["computation"] == plan.name], batch_id,
-                                  watermark, senders)
-            statuses.append((plan, status))
-            watermark, senders = status["low_watermark"], {}
-
-        by_stream: dict[str, list[Produced]] = {s: [] for s in self.plan.output_codecs}
-        for bundle in table.filter(pc.equal(table["kind"], "records"))["bundle"].to_pylist():
-            for stream, key, value, ts, rid in unpack(bundle):
-                by_stream[stream].append(Produced(stream, key, value, ts, rid))
-        for stream, produced in by_stream.items():
-            self.log.append(stream, self.plan.name, batch_id, productions_table(produced), watermark)
-        for sink in self.sinks:
-            write_sink_file(sink.path, sink.format, f"{self.plan.name}-{batch_id:012d}",
-                            by_stream[sink.stream], self.pipeline.codec(sink.stream))
-        for plan, status in statuses:  # the last computation's status last: it marks the batch done
-            _write_status(status_storage(self.root, plan.name), status)
-
-    def _end_offset(self, batch_id: int) -> dict[str, Any]:
-        """The source's end offset for this batch, from Spark's offset log (written before the
-        batch runs): it holds the coalesced input watermark the batch's rows were stamped with."""
-        log = self.checkpoint.read(f"offsets/{batch_id}")
-        if log is None:
-            raise RuntimeError(f"Spark's offset log has no batch {batch_id} in {self.checkpoint.describe()}")
-        return json.loads(log.decode().splitlines()[-1])
-
-
-def _next_status(previous: dict[str, Any], reports: list[dict[str, Any]], batch_id: int,
-                 input_watermark: int, senders: dict[str, int]) -> dict[str, Any]:
-    """A computation's status after a batch: per-shard pending timers (shards not invoked keep
-    theirs), cumulative counters, and the output watermark min(input, earliest pending timer)."""
-    shards: dict[str, list[int | None]] = dict(previous.get("shards", {}))
-    metrics = dict(previous.get("metrics", {m: 0 for m in _METRICS}))
-    for row in reports:
-        shards[str(row["shard"])] = [row["next_lw"], row["next_wall"]]
-        for name in _METRICS:
-            metrics[name] += row[name]
-    pending = [lw for lw, _ in shards.values() if lw is not None]
-    walls = [wall for _, wall in shards.values() if wall is not None]
-    low_watermark = max(
-        previous.get("low_watermark", BEGINNING_OF_TIME),
-        output_watermark(input_watermark, min(pending) if pending else None),
-    )
-    return {
-        "batch": batch_id,
-        "low_watermark": low_watermark,
-        "input_watermark": input_watermark,
-        "senders": senders,
-        "shards": shards,
-        "next_wall_timer": min(walls) if walls else None,
-        "metrics": metrics,
-        "wall_ms": int(time.time() * 1000),
-    }
-
-
-def _write_status(status: Storage, value: dict[str, Any]) -> None:
-    history = {k: value[k] for k in ("batch", "low_watermark", "input_watermark", "wall_ms")}
-    status.write_json(f"history/{value['batch']:012d}.json", history)
-    status.write_json("latest.json", value)
-
-
-def status_location(root: str, computation: str) -> str:
-    return Storage(root).child(f"status/{computation}").location
-
-
-def status_storage(root: str, computation: str) -> Storage:
-    return Storage(status_location(root, computation))
-
-
-def load_status(status: Storage) -> dict[str, Any]:
-    return status.read_json("latest.json") or {}
-
-
-def write_sink_file(location: str, fmt: str, name: str, produced: list[Produced], codec: Any) -> None:
-    """One file per producer batch, written atomically and never rewritten (exactly-once)."""
-    path = name + (".jsonl" if fmt == "jsonl" else ".parquet")
-    sink = Storage(location)
-    if not produced or sink.exists(path):
-        return
-    rows = [{"key": p.key, "timestamp": p.timestamp, "id": p.id, "value": codec.decode(p.value)} for p in produced]
-    if fmt == "jsonl":
-        sink.write(path, "".join(json.dumps(r, sort_keys=True, default=str) + "\n" for r in rows).encode())
-    else:
-        flat = [
-            {"key": r["key"], "timestamp": r["timestamp"], "id": r["id"], **r["value"]}
-            if isinstance(r["value"], dict) else r
-            for r in rows
-        ]
-        sink.write_parquet(path, pa.Table.from_pylist(flat))
+    @property
+    def pending_wall_timers(self) -> dict[str, int]:
+        """Computations with wall-time timers still pending, and the earliest one."""
+        return {n: c.next_wall_timer for n, c in self.computations.items() if c.next_wall_timer is not None}
 
 
 class SparkRunner:
-    """Run `pipeline` on Spark. `root` holds checkpoints, stream logs and status; reuse it to resume.
+    """Run `pipeline` on Spark. `root` holds checkpoints, logs and status; reuse it to resume.
 
     `root` is a local directory or a remote location (storage.py: s3://, gs://, hdfs://); on a
     cluster it must be one every node reaches. Spark's checkpoints go to `checkpoint_root` (default
     `<root>/checkpoints`): any location Spark's checkpointLocation accepts (Hadoop connectors).
+
+    `parallelism`: Spark state partitions (tasks) per computation, chosen at a root's first start from
+    the session (its default parallelism: local[N] -> N, a cluster -> its cores) and kept in Spark's
+    checkpoints; `millstream rescale` changes it later. `key_groups`: MillWheel's key intervals, fixed
+    for the life of a root, the most parallelism a computation can ever use.
+
+    A second driver on the same root refuses to start while the first is alive; `takeover=True`
+    fences the first one instead (its later writes are never published).
     """
 
     def __init__(
@@ -221,13 +110,14 @@ class SparkRunner:
         pipeline: Pipeline,
         root: str = "./millstream-data",
         master: str = "local[*]",
-        shards: int = DEFAULT_SHARDS,
-        pages_per_shard: int = DEFAULT_PAGES_PER_SHARD,
+        key_groups: int = DEFAULT_KEY_GROUPS,
+        parallelism: int | None = None,
         trigger_ms: int = 200,
         max_records_per_batch: int = 100_000,
         spark_conf: Mapping[str, str] | None = None,
         spark: Any = None,
         checkpoint_root: str | None = None,
+        takeover: bool = False,
     ) -> None:
         pipeline.validate()
         self._fused_into = _check_weak_productions(pipeline)
@@ -237,8 +127,10 @@ class SparkRunner:
                     f"sink {sink.name!r} reads stream {sink.stream!r}, which an injector produces; the Spark "
                     "runner materializes computation outputs only (add a pass-through computation)"
                 )
-        if shards < 1 or pages_per_shard < 1:
-            raise ValueError("shards and pages_per_shard must be >= 1")
+        if key_groups < 1:
+            raise ValueError("key_groups must be >= 1")
+        if parallelism is not None and parallelism < 1:
+            raise ValueError("parallelism must be >= 1")
         self.pipeline = pipeline
         root = str(root)
         self.root = os.path.abspath(root) if is_local(root) else root
@@ -256,22 +148,26 @@ class SparkRunner:
         self.master = master
         self.trigger_ms = trigger_ms
         self.max_records_per_batch = max_records_per_batch
+        self.takeover = takeover
         self._spark_conf = dict(spark_conf or {})
         self._spark = spark
         self._queries: dict[str, Any] = {}
-        self._chains: dict[str, list[ComputationPlan]] = {}
         self._restarts: dict[str, int] = {}
-        self.shards, self.pages_per_shard = self._layout(shards, pages_per_shard)
-        self.plans = {
-            name: plan_computation(pipeline, name, self.shards, self.pages_per_shard)
-            for name in pipeline.topological_order()
+        self._started_ms = 0
+        self.key_groups = self._layout(key_groups)
+        self._parallelism = parallelism
+        self.plans: dict[str, ComputationPlan] = {
+            name: plan_computation(pipeline, name, self.key_groups) for name in pipeline.topological_order()
         }
+        self.lease = Lease(self.root)
+        self.commits: dict[str, ComputationCommit] = {}
+        self.publisher: Publisher | None = None
+        self.sinks: SinkDelivery | None = None
 
-    def _layout(self, shards: int, pages_per_shard: int) -> tuple[int, int]:
-        """State is partitioned by shard and page: a resumed run must keep the stored layout."""
+    def _layout(self, key_groups: int) -> int:
+        """State is partitioned by key group: a resumed run must keep the stored layout."""
         path = "pipeline.json"
-        wanted = {"format": LAYOUT_FORMAT, "pipeline": self.pipeline.name, "shards": shards,
-                  "pages_per_shard": pages_per_shard,
+        wanted = {"format": LAYOUT_FORMAT, "pipeline": self.pipeline.name, "key_groups": key_groups,
                   "computations": sorted(self.pipeline.computations), "weak": sorted(self._fused_into)}
         stored = self.storage.read_json(path)
         if stored is None:
@@ -281,7 +177,7 @@ class SparkRunner:
                 f"{self.storage.describe()} holds a run of a different pipeline layout ({stored}); this one is "
                 f"{wanted}. Use another root directory or delete this one to start over"
             )
-        return shards, pages_per_shard
+        return key_groups
 
     # -- lifecycle -----------------------------------------------------------------------------
     @property
@@ -291,22 +187,99 @@ class SparkRunner:
 
             self._spark = create_session(self.master, f"millstream-{self.pipeline.name}", self._spark_conf,
                                          log_path=os.path.join(self.log_dir, "spark.log"))
+        else:
+            from millstream.spark.session import check_session
+
+            check_session(self._spark)
         return self._spark
 
     def start(self) -> None:
-        """Start one streaming query per strong computation, with the weak computations that feed it
-        fused in front (resuming from checkpoints)."""
+        """Claim the root, publish what was committed but not published, and start one streaming
+        query per computation (resuming from checkpoints)."""
         if self._queries:
             return
         _pickle_user_code_by_value(self.pipeline)
         spark = self.spark
         spark.dataSource.register(InputsDataSource)
-        for name, plan in self.plans.items():
-            if name in self._fused_into:
-                continue
-            chain = [self.plans[n] for n, head in self._fused_into.items() if head == name] + [plan]
-            self._chains[name] = chain
-            self._queries[name] = self._start_query(spark, chain)
+        self._started_ms = int(time.time() * 1000)
+        self._claim()
+        self.sinks = SinkDelivery(self.root, sink_deliverers(spark, self.pipeline, set(self.commits)))
+        self.publisher = Publisher(self.root, self.commits, self.sinks)
+        self.publisher.catch_up()
+        self.sinks.catch_up()
+        self.sinks.start()
+        self.publisher.start()
+        parallelism = self._parallelism or int(spark.sparkContext.defaultParallelism)
+        spark.conf.set("spark.sql.shuffle.partitions", str(max(1, min(parallelism, self.key_groups))))
+        for name in self.commits:
+            self._queries[name] = self._start_query(name)
+
+    def _claim(self) -> None:
+        """Take charge of the root: refuse if another live driver holds it (unless taking over), then
+        claim a new epoch in every computation's publication log."""
+        holder = self.lease.holder()
+        live = holder is not None and holder.heartbeat_ms > 0 and holder.is_alive()
+        if live and not self.takeover:
+            raise RootInUse(
+                f"{self.storage.describe()} is in use by another driver ({holder.describe()}); stop it first, or "  # type: ignore[union-attr]
+                "pass takeover=True to fence it and take over")
+        strong = {name: plan for name, plan in self.plans.items() if name not in self._fused_into}
+        logs = {name: PublicationLog(self.root, name) for name in strong}
+        claimed = [c["epoch"] for c in (log.last_claim() for log in logs.values()) if c is not None]
+        epoch = max([holder.epoch if holder else 0, *claimed]) + 1
+        for name, plan in strong.items():
+            log = logs[name]
+            head = log.head()
+            last_claim = log.last_claim()
+            checkpoint = last_claim["checkpoint"] if last_claim else Storage(self.checkpoint_root).child(
+                f"{name}/g0000").location
+            last_published, _ = _last_published(log)
+            if live and last_claim is not None:
+                checkpoint = _copy_checkpoint(checkpoint, last_published)
+            writer = FencedWriter(log, epoch, head + 1)
+            try:
+                writer.append({"type": CLAIM, "driver": driver_info(epoch), "checkpoint": checkpoint})
+            except Fenced:
+                raise RootInUse(f"{self.storage.describe()}: another driver started on this root at the same "
+                                "moment; only one may run") from None
+            file_sinks = tuple(
+                FileSink(s.name, s.stream, s.path, s.format, self.pipeline.codec(s.stream))  # type: ignore[arg-type]
+                for s in self.pipeline.sinks.values() if s.is_file_sink and s.stream in plan.output_codecs)
+            fused = tuple(self.plans[w] for w, head in self._fused_into.items() if head == name)
+            self.commits[name] = ComputationCommit(plan, Checkpoint(checkpoint), writer, file_sinks, last_published,
+                                                   fused)
+        self.lease.hold(epoch)
+
+    def _start_query(self, name: str) -> Any:
+        commit = self.commits[name]
+        plan = commit.plan
+        first = commit.fused[0] if commit.fused else plan  # the computation that reads the sources
+        spark = self.spark
+        senders = []
+        for sender in first.senders():
+            node = self.pipeline.injectors.get(sender.producer)
+            owner = bool(node) and self.pipeline.consumers(sender.stream)[0] == name
+            senders.append(Sender(sender, node.injector if node else None, owner,
+                                  node.on_malformed if node else ErrorPolicy.DEAD_LETTER))
+        source_plan = SourcePlan(first, self.root, tuple(senders), wake_file(name),
+                                 max_records_per_batch=self.max_records_per_batch)
+        rows = spark.readStream.format(SOURCE_FORMAT).option("plan", source_plan.encode()).load()
+        namespace = commit.checkpoint.location
+        for weak in commit.fused:
+            rows = rows.groupBy("key_group").transformWithState(
+                FusedProducerProcessor(weak, plan, self.root, f"{namespace}#{weak.name}"), FUSED_SCHEMA, "Update",
+                "None")
+        rows = rows.groupBy("key_group").transformWithState(
+            KeyGroupProcessor(plan, self.root, f"{namespace}#{name}"), OUTPUT_SCHEMA, "Update", "None")
+        query = (
+            rows.writeStream.queryName(f"{self.pipeline.name}.{name}")
+            .foreachBatch(BatchStager(self.root, commit, self.lease, self.publisher))  # type: ignore[arg-type]
+            .option("checkpointLocation", commit.checkpoint.location)
+            .trigger(processingTime=f"{self.trigger_ms} milliseconds")
+            .start()
+        )
+        self._wait_until_initialized(query)
+        return query
 
     def _wait_until_initialized(self, query: Any, limit_s: float = 60.0) -> None:
         """Spark gives a new query's Python source worker a hard-coded 10 s to connect back; several
@@ -317,41 +290,14 @@ class SparkRunner:
                 return
             time.sleep(0.1)
 
-    def _stateful(self, rows: Any, processor: Any) -> Any:
-        """One computation's stateful operator over rows keyed by shard. Row-based: with records
-        bundled, an operator sees a few rows per shard, and the row flavour measured no slower than
-        the Pandas one (bench/flavour.py)."""
-        return rows.groupBy("shard").transformWithState(processor, OUTPUT_SCHEMA, "Update", "None")
-
-    def _start_query(self, spark: Any, chain: list[ComputationPlan]) -> Any:
-        first, plan = chain[0], chain[-1]
-        senders = tuple(
-            Sender(sender_name(i.stream, p), i.stream, p,
-                   self.pipeline.injectors[p].injector if p in self.pipeline.injectors else None)
-            for i in first.inputs for p in i.producers
-        )
-        source_plan = SourcePlan(first, self.root, senders,
-                                 tuple(status_location(self.root, p.name) for p in chain),
-                                 max_records_per_batch=self.max_records_per_batch)
-        checkpoint = Storage(self.checkpoint_root).child(plan.name).location
-        rows = spark.readStream.format(SOURCE_FORMAT).option("plan", source_plan.encode()).load()
-        rows = self._stateful(rows, ShardProcessor(first, downstream=plan if len(chain) > 1 else None))
-        if len(chain) > 1:
-            rows = self._stateful(rows, FusedConsumerProcessor(plan))
-        query = (
-            rows.writeStream.queryName(f"{self.pipeline.name}.{plan.name}")
-            .foreachBatch(BatchCommitter(self.pipeline, chain, self.root, checkpoint))
-            .option("checkpointLocation", checkpoint)
-            .trigger(processingTime=f"{self.trigger_ms} milliseconds")
-            .start()
-        )
-        self._wait_until_initialized(query)
-        return query
-
     def run(self, on_progress: Callable[[PipelineProgress], None] | None = None,
-            progress_interval: float = 1.0, timeout: float | None = None) -> PipelineProgress:
+            progress_interval: float = 1.0, timeout: float | None = None,
+            wall_timer_drain_s: float = 30.0) -> PipelineProgress:
         """Run until every injector has finished and every computation's low watermark reached
-        END_OF_TIME. Ctrl-C stops the queries cleanly (the next run resumes)."""
+        END_OF_TIME, every published batch reached its sinks, and no wall-time timer is due within
+        `wall_timer_drain_s` (later ones are left pending, listed in the returned progress's
+        `pending_wall_timers`; the next run on the root fires them). Ctrl-C stops the queries cleanly
+        (the next run resumes)."""
         self.start()
         deadline = None if timeout is None else time.time() + timeout
         try:
@@ -360,7 +306,7 @@ class SparkRunner:
                 progress = self.progress()
                 if on_progress is not None:
                     on_progress(progress)
-                if progress.done:
+                if progress.done and self._drained(progress, wall_timer_drain_s):
                     return progress
                 if deadline is not None and time.time() > deadline:
                     raise TimeoutError(f"pipeline not finished after {timeout} s: {progress}")
@@ -368,10 +314,25 @@ class SparkRunner:
         finally:
             self.stop()
 
+    def _drained(self, progress: PipelineProgress, wall_timer_drain_s: float) -> bool:
+        horizon = time.time() * 1000 + wall_timer_drain_s * 1000
+        if any(t <= horizon for t in progress.pending_wall_timers.values()):
+            return False
+        return self.sinks is None or self.sinks.wait_idle(timeout=0.0)
+
     def raise_if_failed(self) -> None:
-        """Raise the first query failure as a MillstreamRunError. A transient start-up failure (a
-        Python worker that did not connect back in time on a loaded machine) restarts the query from
-        its checkpoint instead, a bounded number of times."""
+        """Raise the first failure as a MillstreamRunError. A transient start-up failure (a Python
+        worker that did not connect back in time on a loaded machine) restarts the query from its
+        checkpoint instead, a bounded number of times."""
+        fenced = self.lease.fenced or (isinstance(self.publisher and self.publisher.failure, Fenced) and str(
+            self.publisher.failure))  # type: ignore[union-attr]
+        if fenced:
+            self.stop()
+            raise MillstreamRunError(f"stopped: {fenced}")
+        for component in (self.publisher, self.sinks):
+            if component is not None and component.failure is not None:
+                self.stop()
+                raise MillstreamRunError(str(component.failure)) from component.failure
         for name, query in list(self._queries.items()):
             error = query.exception()
             if error is None:
@@ -380,15 +341,15 @@ class SparkRunner:
             os.makedirs(self.log_dir, exist_ok=True)
             with open(os.path.join(self.log_dir, "errors.log"), "a") as log:
                 log.write(f"--- computation {name!r} failed at {time.ctime()}\n{details}\n")
-            if any(p in str(error) for p in _TRANSIENT) and self._restarts.get(name, 0) < MAX_RESTARTS:
+            reported = reported_failure(self.root, name, self._started_ms)
+            if reported is None and any(p in str(error) for p in _TRANSIENT) and \
+                    self._restarts.get(name, 0) < MAX_RESTARTS:
                 self._restarts[name] = self._restarts.get(name, 0) + 1
-                self._queries[name] = self._start_query(self.spark, self._chains[name])
+                self._queries[name] = self._start_query(name)
                 continue
             self.stop()
-            raise MillstreamRunError(
-                f"computation {name!r} failed: {user_error_message(str(error))} "
-                f"(full trace in {os.path.join(self.log_dir, 'errors.log')})"
-            ) from None
+            message = reported or f"computation {name!r} failed: {user_error_message(str(error))}"
+            raise MillstreamRunError(f"{message}\n(full trace in {os.path.join(self.log_dir, 'errors.log')})") from None
 
     def stop(self) -> None:
         for query in self._queries.values():
@@ -397,12 +358,22 @@ class SparkRunner:
             except Exception:  # stopping a failed query can raise again; it is stopped either way
                 pass
         self._queries.clear()
+        if self.publisher is not None:
+            try:
+                self.publisher.catch_up()  # what the last batches committed before the stop
+            except Exception:
+                pass
+            self.publisher.stop()
+        if self.sinks is not None:
+            self.sinks.wait_idle(timeout=60)
+            self.sinks.stop()
+        self.lease.release()
 
     # -- inspection ----------------------------------------------------------------------------
     def progress(self) -> PipelineProgress:
         result = PipelineProgress()
         for name in self.plans:
-            status = load_status(status_storage(self.root, name))
+            status = self.storage.read_json(f"status/{name}/latest.json") or {}
             metrics = status.get("metrics", {})
             result.computations[name] = ComputationProgress(
                 low_watermark=status.get("low_watermark", BEGINNING_OF_TIME),
@@ -410,26 +381,31 @@ class SparkRunner:
                 records=metrics.get("records", 0),
                 duplicates=metrics.get("duplicates", 0),
                 late=metrics.get("late", 0),
-                timers_fired=metrics.get("timers", 0),
+                timers_fired=metrics.get("timers_fired", 0),
                 productions=metrics.get("productions", 0),
+                dead_letters=metrics.get("dead_letters", 0),
                 batches=status.get("batch", -1) + 1,
                 wall_ms=status.get("wall_ms", 0),
+                next_wall_timer=status.get("next_wall_timer"),
             )
+            injectors: dict[str, int] = {}
             for sender, watermark in status.get("senders", {}).items():
-                stream, producer = sender.split("/", 1)
+                producer = sender.split("/", 1)[1].split("#", 1)[0]
                 if producer in self.pipeline.injectors:
-                    injector = result.injectors.setdefault(producer, InjectorProgress())
-                    injector.low_watermark = max(injector.low_watermark, watermark)
+                    injectors[producer] = min(injectors.get(producer, END_OF_TIME), watermark)
+            for producer, watermark in injectors.items():
+                injector = result.injectors.setdefault(producer, InjectorProgress())
+                injector.low_watermark = max(injector.low_watermark, watermark)
         return result
 
     def watermark_history(self, computation: str) -> list[dict[str, int]]:
-        """(batch, low_watermark, input_watermark, wall_ms) per committed batch, oldest first."""
-        status = status_storage(self.root, computation)
+        """(batch, low_watermark, input_watermark, wall_ms) per published batch, oldest first."""
+        status = self.storage.child(f"status/{computation}")
         entries = (status.read_json(f"history/{name}") for name in status.list("history") if name.endswith(".json"))
         return [entry for entry in entries if entry is not None]
 
-    def read_stream(self, stream: str) -> list[Record]:
-        """Every committed record of a stream produced by computations, decoded."""
+    def read_stream(self, stream: str) -> list[Record[Any]]:
+        """Every published record of a stream produced by computations, decoded."""
         producers = self.pipeline.producers(stream)
         if not producers:
             raise KeyError(f"unknown stream {stream!r}")
@@ -437,10 +413,43 @@ class SparkRunner:
             raise PipelineError(f"stream {stream!r} comes from an injector and is not logged; read its source")
         codec = self.pipeline.codec(stream)
         records = []
-        for _, table in StreamLog(self.root).read_all(stream, producers):
-            for row in table.to_pylist():
-                records.append(Record(row["key"], codec.decode(row["value"]), row["timestamp"], row["id"]))
+        for producer in producers:
+            log = PublicationLog(self.root, producer)
+            for _, entry in log.entries_after(-1, 1 << 40):
+                if entry["type"] != BATCH:
+                    continue
+                for path, rows in entry["streams"].get(stream, []):
+                    if not rows:
+                        continue
+                    table = pq.read_table(path, filesystem=self.storage.fs, schema=LOG_SCHEMA).to_pydict()
+                    for key, value, ts, rid in zip(table["key"], table["value"], table["timestamp"], table["id"]):
+                        records.append(Record(key, codec.decode(value), ts, rid))
         return records
+
+
+def _last_published(log: PublicationLog) -> tuple[int, int]:
+    """(batch, position) of the newest batch in a publication log; (-1, -1) if none."""
+    position, entry = log.last_batch()
+    return (entry["batch"], position) if entry is not None else (-1, -1)
+
+
+def _copy_checkpoint(location: str, last_published: int) -> str:
+    """A copy of a checkpoint for a driver taking over from one that may still run: cut back to the
+    last published batch, in a new generation directory the old driver does not know."""
+    source = Storage(location)
+    parent, _, generation = location.rstrip("/").rpartition("/")
+    number = int(generation[1:]) + 1 if generation.startswith("g") and generation[1:].isdigit() else 1
+    target_location = f"{parent}/g{number:04d}"
+    target = Storage(target_location)
+    target.delete("")
+    pafs.copy_files(source.full_path(), target.full_path(), source_filesystem=source.fs,
+                    destination_filesystem=target.fs)
+    for log_dir in ("offsets", "commits"):
+        for name in target.list(log_dir):
+            batch = name.lstrip(".").split(".")[0]
+            if batch.isdigit() and int(batch) > last_published:
+                target.delete(f"{log_dir}/{name}")
+    return target_location
 
 
 def _check_weak_productions(pipeline: Pipeline) -> dict[str, str]:
@@ -468,19 +477,6 @@ def _check_weak_productions(pipeline: Pipeline) -> dict[str, str]:
     return fused
 
 
-_PYTHON_ERROR = re.compile(r"^(?:[\w.]+\.)?(\w*(?:Error|Exception)): (.+)$")
-
-
-def user_error_message(spark_message: str) -> str:
-    """The last Python exception line of a Spark failure (the user's own error), else its first line."""
-    lines = [line.strip() for line in spark_message.splitlines()]
-    for line in reversed(lines):
-        match = _PYTHON_ERROR.match(line)
-        if match and not match.group(1).startswith(("Py4J", "Streaming", "Spark")):
-            return f"{match.group(1)}: {match.group(2)}"
-    return lines[0] if lines else spark_message
-
-
 def _pickle_user_code_by_value(pipeline: Pipeline) -> None:
     """Spark's Python workers may not be able to import the user's modules (tests, notebooks,
     scripts): ship them by value. Installed packages and millstream itself are imported normally."""
@@ -489,6 +485,7 @@ def _pickle_user_code_by_value(pipeline: Pipeline) -> None:
     objects: list[Any] = [n.computation for n in pipeline.computations.values()]
     objects += [n.injector for n in pipeline.injectors.values()]
     objects += [f for n in pipeline.computations.values() for f in n.inputs.values()]
+    objects += [n.writer for n in pipeline.sinks.values() if n.writer is not None]
     for obj in objects:
         module_name = getattr(obj, "__module__", None) or type(obj).__module__
         module = sys.modules.get(module_name)

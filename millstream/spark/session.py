@@ -28,6 +28,29 @@ DEFAULT_CONF: dict[str, str] = {
 }
 
 
+REQUIRED_CONF = {"spark.sql.streaming.stateStore.providerClass": STATE_STORE_PROVIDER}
+
+
+class SessionError(RuntimeError):
+    """A user-supplied SparkSession lacks a setting millstream needs and it cannot be applied."""
+
+
+def check_session(spark) -> None:  # type: ignore[no-untyped-def]
+    """Make a user's own session fit: apply what can still be set at run time, refuse clearly
+    what cannot (transformWithState needs the RocksDB state store)."""
+    for key, value in REQUIRED_CONF.items():
+        current = spark.conf.get(key, None)
+        if current == value:
+            continue
+        try:
+            spark.conf.set(key, value)
+        except Exception as error:
+            raise SessionError(
+                f"the SparkSession given to millstream has {key}={current!r}; millstream needs {value!r} "
+                f"(transformWithState runs only on RocksDB). Create the session with "
+                f".config({key!r}, {value!r}), or let millstream create it ({error})") from None
+
+
 def _project_path() -> str:
     return os.path.dirname(os.path.dirname(os.path.abspath(millstream.__file__)))
 
@@ -45,6 +68,11 @@ def create_session(master: str = "local[*]", app_name: str = "millstream",
     current = os.environ.get("PYTHONPATH", "")
     if path not in current.split(os.pathsep):
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (path, current) if p)
+    # Local Spark's Python workers run this very interpreter (a venv's python run without
+    # activating the venv would otherwise start the system python3, without the user's packages).
+    if master.startswith("local"):
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     builder = SparkSession.builder.master(master).appName(app_name)
     for key, value in {**DEFAULT_CONF, **dict(conf or {})}.items():
         builder = builder.config(key, value)

@@ -1,34 +1,43 @@
-"""The Spark source of one computation: all of its inputs, with MillWheel's low watermark.
+"""The Spark source of one computation: all of its senders, and the input points of each batch.
 
 Spark's own watermark is max(event time) - delay over the rows of earlier batches: one global number,
 driven by data, applied one batch late. MillWheel's is min(senders' low watermarks), published by the
-senders. So millstream does not use Spark's watermark: the source coalesces its senders' published
-watermarks (WatermarkCoalescer) at the end offset of every batch and stamps every row with two
-numbers: `before`, the coalesced input low watermark at the batch's start offset (what its records are
-judged late against) and `stamp`, the one at its end offset (what its timers fire by). Both come from
-the offsets Spark logs before running the batch, so a replayed batch sees the same ones.
+senders. So millstream does not use Spark's watermark. When Spark asks for the latest offset, the
+source plans the next batch: sender by sender (in name order) it takes what each published since the
+last batch (an injector partition's new range, a producer's new log entries) and turns every advance
+into an *input point* with the coalesced watermark before and after it (core/watermarks.py). The plan
+(points and the wall clock the batch will see) is part of the end offset, which Spark logs before it
+runs the batch, so a replay runs exactly the same points at the same wall time.
 
-Whenever the watermark moves, or the computation has wall-time timers due (a tick), the batch carries a
-heartbeat row for every shard: each shard is invoked and fires its due timers in that same batch.
-Records travel bundled per shard (bundles.py).
+Reading is partitioned: one Spark task per injector partition range and per file of an upstream
+log, plus one task that sends an empty row to every key group (so each runs its due timers). Rows
+carry records bundled per key group (bundles.py); a producer's records keep their input point and
+their position in its output, so the operator delivers them in input order whatever order Spark's
+shuffle delivered the rows in.
 """
 
 from __future__ import annotations
 
 import base64
+import pickle
 import time
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
-from millstream.core.plan import ComputationPlan, InputPlan, route
-from millstream.core.watermarks import WatermarkCoalescer
-from millstream.model.injector import Injector
-from millstream.model.records import BEGINNING_OF_TIME
+from millstream.core.deadletters import dead_letter
+from millstream.core.plan import ComputationPlan, InputPlan, KeyExtractionError, SenderPlan, key_group
+from millstream.core.production import Produced
+from millstream.core.watermarks import Segment, WatermarkCoalescer
+from millstream.model.injector import Injector, Malformed
+from millstream.model.pipeline import ErrorPolicy
+from millstream.model.records import BEGINNING_OF_TIME, Record
 from millstream.spark.bundles import BUNDLE_RECORDS, DeliveryItem, pack
+from millstream.spark.errors import report_failure
+from millstream.spark.publog import BATCH, PublicationLog
 from millstream.spark.storage import Storage
-from millstream.spark.streamlog import StreamLog
 
 try:  # Spark's DataSource API; only needed where Spark runs
     from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
@@ -36,22 +45,27 @@ except ImportError:  # pragma: no cover
     DataSource = DataSourceStreamReader = InputPartition = object  # type: ignore
 
 SOURCE_FORMAT = "millstream_inputs"
-# One row carries a bundle of the shard's deliveries (see bundles.py); heartbeat rows none.
-SOURCE_SCHEMA = "shard int, bundle binary, before long, stamp long"
+# One row per bundle of a key group's deliveries; `plan` is the batch's BatchPlan, the same in every
+# row (a key group learns the batch's input points from any of its rows).
+SOURCE_SCHEMA = "key_group int, bundle binary, rejected binary, plan binary"
 ARROW_SCHEMA = pa.schema([
-    ("shard", pa.int32()), ("bundle", pa.binary()), ("before", pa.int64()), ("stamp", pa.int64()),
+    ("key_group", pa.int32()), ("bundle", pa.binary()), ("rejected", pa.binary()), ("plan", pa.binary()),
+])
+LOG_SCHEMA = pa.schema([
+    ("key", pa.string()), ("value", pa.binary()), ("timestamp", pa.int64()), ("id", pa.string()),
+    ("segment", pa.int32()), ("order_key", pa.uint64()), ("order_seq", pa.uint32()),
 ])
 _BUNDLES_PER_ARROW_BATCH = 16
 
 
 @dataclass(frozen=True)
 class Sender:
-    """One input of the computation: a (stream, producer) pair."""
+    """One sender as the source reads it: the plan's sender, and the injector for injector partitions."""
 
-    name: str
-    stream: str
-    producer: str
-    injector: Injector | None  # None: a computation, read from its stream log
+    plan: SenderPlan
+    injector: Injector | None
+    owns_malformed: bool  # this computation turns the injector's malformed input into dead letters
+    on_malformed: ErrorPolicy = ErrorPolicy.DEAD_LETTER
 
 
 @dataclass(frozen=True)
@@ -59,10 +73,10 @@ class SourcePlan:
     computation: ComputationPlan
     root: str
     senders: tuple[Sender, ...]
-    status_dirs: tuple[str, ...]  # locations of the query's computations' status: wall-time timers due
+    wake_file: str  # where the computation's next wall-time timer is noted (wall ticks)
     max_records_per_batch: int = 100_000
-    max_log_batches: int = 64
-    wall_tick_ms: int = 1000
+    max_log_entries: int = 64
+    max_points: int = 512
 
     def encode(self) -> str:
         from pyspark import cloudpickle
@@ -71,84 +85,138 @@ class SourcePlan:
 
     @staticmethod
     def decode(text: str) -> "SourcePlan":
-        import pickle
-
-        return pickle.loads(base64.b64decode(text))
+        return pickle.loads(base64.b64decode(text))  # written by this driver, never read from elsewhere
 
 
 @dataclass(frozen=True)
-class Marks:
-    """The coalesced input low watermark at a batch's start and end offsets."""
+class BatchPlan:
+    """What every key group needs to know about a batch: its input points and wall clock."""
 
-    before: int
-    stamp: int
+    segments: tuple[Segment, ...]
+    wall_time: int
+
+    def dumps(self) -> bytes:
+        return pickle.dumps((tuple(tuple(s) for s in self.segments), self.wall_time), protocol=5)
+
+    @classmethod
+    def loads(cls, blob: bytes) -> "BatchPlan":
+        segments, wall = pickle.loads(blob)
+        return cls(tuple(Segment(*s) for s in segments), wall)
+
+    @classmethod
+    def of_offset(cls, end: dict[str, Any]) -> "BatchPlan":
+        return cls(tuple(batch_segments(end)), end["wall"])
+
+
+def batch_segments(end: dict[str, Any]) -> list[Segment]:
+    """The input points of the batch ending at `end`. A batch with none (Spark's very first, before
+    anything arrived) is a heartbeat where the watermark stands."""
+    points = [Segment(p["low"], p["high"]) for p in end["points"]]
+    return points or [Segment(end["watermark"], end["watermark"])]
 
 
 class _Partition(InputPartition):
-    def __init__(self, kind: str, sender: str | None, start: Any, end: Any, marks: Marks) -> None:
-        self.kind, self.sender, self.start, self.end, self.marks = kind, sender, start, end, marks
+    def __init__(self, kind: str, sender: str | None, plan: bytes, **fields: Any) -> None:
+        self.kind, self.sender, self.plan, self.fields = kind, sender, plan, fields
+
+
+def initial_offset(plan: SourcePlan) -> dict[str, Any]:
+    senders: dict[str, Any] = {}
+    for sender in plan.senders:
+        if sender.injector is not None:
+            partition = sender.plan.partition
+            offset = sender.injector.initial_offset(partition)  # type: ignore[arg-type]
+            senders[sender.plan.name] = {"offset": offset,
+                                         "watermark": sender.injector.low_watermark(partition, offset)}  # type: ignore[arg-type]
+        else:
+            senders[sender.plan.name] = {"position": -1, "watermark": BEGINNING_OF_TIME}
+    coalescer = WatermarkCoalescer(senders)
+    for name, item in senders.items():
+        coalescer.observe(name, item["watermark"])
+    return {"senders": senders, "watermark": coalescer.coalesced, "wall": 0, "tick": 0, "points": []}
+
+
+def plan_next_batch(plan: SourcePlan, start: dict[str, Any], wall_timer_due: bool,
+                    now_ms: int | None = None) -> dict[str, Any]:
+    """The end offset of the next batch (`start` itself when there is nothing to do)."""
+    coalescer = WatermarkCoalescer.restore({n: s["watermark"] for n, s in start["senders"].items()},
+                                           start["watermark"])
+    senders = dict(start["senders"])
+    points: list[dict[str, Any]] = []
+    injector_partitions = sum(1 for s in plan.senders if s.injector is not None) or 1
+    cap = max(1, plan.max_records_per_batch // injector_partitions)
+    for sender in sorted(plan.senders, key=lambda s: s.plan.name):
+        name = sender.plan.name
+        item = senders[name]
+        if sender.injector is not None:
+            partition = sender.plan.partition
+            end = sender.injector.latest_offset(partition, item["offset"], cap)  # type: ignore[arg-type]
+            watermark = max(item["watermark"], sender.injector.low_watermark(partition, end))  # type: ignore[arg-type]
+            if end == item["offset"] and watermark == item["watermark"]:
+                continue
+            low, high = coalescer.advance(name, watermark)
+            points.append({"sender": name, "low": low, "high": high, "start": item["offset"], "end": end})
+            senders[name] = {"offset": end, "watermark": watermark}
+            continue
+        log = PublicationLog(plan.root, sender.plan.producer)
+        position = item["position"]
+        for entry_position, entry in log.entries_after(position, plan.max_log_entries):
+            if entry["type"] == BATCH:
+                if len(points) + len(entry["output"]) > plan.max_points and points:
+                    break  # whole entries only; the rest goes to the next batch
+                for index, watermark in enumerate(entry["output"]):
+                    low, high = coalescer.advance(name, max(watermark, coalescer.input_watermark(name)))
+                    points.append({"sender": name, "low": low, "high": high, "position": entry_position,
+                                   "segment": index})
+            position = entry_position
+        if position != item["position"]:
+            senders[name] = {"position": position, "watermark": coalescer.input_watermark(name)}
+    tick = start["tick"] + 1 if wall_timer_due else start["tick"]
+    if not points and tick == start["tick"]:
+        return start  # nothing to deliver (log entries that were only claims are read again later)
+    if not points:  # a wall tick alone: one point where the watermark stands
+        points.append({"sender": None, "low": coalescer.coalesced, "high": coalescer.coalesced})
+    wall = now_ms if now_ms is not None else int(time.time() * 1000)
+    return {"senders": senders, "watermark": coalescer.coalesced, "wall": max(wall, start["wall"]), "tick": tick,
+            "points": points}
 
 
 class InputsReader(DataSourceStreamReader):
     def __init__(self, plan: SourcePlan) -> None:
         self.plan = plan
-        self.log = StreamLog(plan.root)
-        self.statuses = [Storage(location) for location in plan.status_dirs]
-        self.senders = {s.name: s for s in plan.senders}
+        self.senders = {s.plan.name: s for s in plan.senders}
 
     # -- driver side ---------------------------------------------------------------------------
     def initialOffset(self) -> dict:
-        senders = {}
-        for sender in self.plan.senders:
-            if sender.injector is not None:
-                offset = sender.injector.initial_offset()
-                senders[sender.name] = {"offset": offset, "watermark": sender.injector.low_watermark(offset)}
-            else:
-                senders[sender.name] = {"batch": -1, "watermark": BEGINNING_OF_TIME}
-        coalescer = WatermarkCoalescer(senders)
-        for name, item in senders.items():
-            coalescer.observe(name, item["watermark"])
-        return {"senders": senders, "watermark": coalescer.coalesced, "tick": 0}
+        return initial_offset(self.plan)
 
     def latestOffset(self, start: dict | None = None, limit: Any = None) -> dict:
         start = start or self.initialOffset()
-        senders = {}
-        coalescer = WatermarkCoalescer(start["senders"], coalesced=start["watermark"])
-        for name, item in start["senders"].items():
-            sender = self.senders[name]
-            if sender.injector is not None:
-                end = sender.injector.latest_offset(item["offset"], self.plan.max_records_per_batch)
-                new = {"offset": end, "watermark": max(item["watermark"], sender.injector.low_watermark(end))}
-            else:
-                commits = self.log.commits_after(sender.stream, sender.producer, item["batch"],
-                                                 self.plan.max_log_batches)
-                new = {"batch": commits[-1].batch, "watermark": commits[-1].watermark} if commits else item
-            senders[name] = new
-            coalescer.observe(name, new["watermark"])
-        tick = start["tick"] + 1 if self._wall_timer_due() else start["tick"]
-        end = {"senders": senders, "watermark": coalescer.coalesced, "tick": tick}
-        return end
+        return plan_next_batch(self.plan, start, self._wall_timer_due())
 
     def _wall_timer_due(self) -> bool:
-        now = time.time() * 1000
-        for status in self.statuses:
-            due = (status.read_json("latest.json") or {}).get("next_wall_timer")
-            if due is not None and due <= now:
-                return True
-        return False
+        due = (Storage(self.plan.root).read_json(self.plan.wake_file) or {}).get("next_wall_timer")
+        return due is not None and due <= time.time() * 1000
 
     def partitions(self, start: dict, end: dict) -> Sequence[_Partition]:
-        marks = Marks(start["watermark"], end["watermark"])
+        batch = BatchPlan.of_offset(end).dumps()
         parts: list[_Partition] = []
-        for name, item in end["senders"].items():
-            before = start["senders"][name]
-            if self.senders[name].injector is not None:
-                if item["offset"] != before["offset"]:
-                    parts.append(_Partition("injector", name, before["offset"], item["offset"], marks))
-            elif item["batch"] > before["batch"]:
-                parts.append(_Partition("log", name, before["batch"] + 1, item["batch"], marks))
-        if end["watermark"] != start["watermark"] or end["tick"] != start["tick"]:
-            parts.append(_Partition("heartbeat", None, None, None, marks))
+        by_entry: dict[tuple[str, int], dict[int, int]] = {}
+        for index, point in enumerate(end["points"]):
+            sender = point["sender"]
+            if sender is None:
+                continue
+            if "start" in point:
+                parts.append(_Partition("injector", sender, batch, start=point["start"], end=point["end"],
+                                        segment=index))
+            else:
+                by_entry.setdefault((sender, point["position"]), {})[point["segment"]] = index
+        for (sender, position), segments in by_entry.items():
+            entry = PublicationLog(self.plan.root, self.senders[sender].plan.producer).read(position) or {}
+            for path, rows in entry.get("streams", {}).get(self.senders[sender].plan.stream, []):
+                if rows:
+                    parts.append(_Partition("log", sender, batch, path=path, segments=segments))
+        parts.append(_Partition("heartbeat", None, batch))
         return parts
 
     def commit(self, end: dict) -> None:
@@ -158,60 +226,117 @@ class InputsReader(DataSourceStreamReader):
     def read(self, partition: _Partition) -> Iterator[pa.RecordBatch]:
         plan = self.plan.computation
         if partition.kind == "heartbeat":
-            yield _batch([(shard, None) for shard in range(plan.shards)], partition.marks)
+            yield _batch([(group, None, None) for group in range(plan.key_groups)], partition.plan)
             return
-        sender = self.senders[partition.sender]
-        input_plan = plan.input(sender.stream)
-        feed = (self._injector_records if sender.injector else self._log_records)(sender, partition, input_plan)
-        yield from self._keyed_batches(plan, input_plan, feed, partition.marks)
+        sender = self.senders[partition.sender]  # type: ignore[index]
+        input_plan = plan.input(sender.plan.stream)
+        if partition.kind == "injector":
+            feed = self._injector_items(sender, input_plan, partition)
+        else:
+            feed = self._log_items(sender, input_plan, partition)
+        yield from _bundled(plan, feed, partition.plan)
 
-    def _injector_records(self, sender: Sender, partition: _Partition,
-                          input_plan: InputPlan) -> Iterator[tuple[str, str, bytes, int, str]]:
-        name = self.plan.computation.name
-        for record in sender.injector.read(partition.start, partition.end):  # type: ignore[union-attr]
-            value = input_plan.codec.encode(record.value)
-            key = input_plan.key_of_encoded(record.key, value, record.timestamp, record.id, name, record.value)
-            yield key, record.key, value, record.timestamp, record.id
+    def _injector_items(self, sender: Sender, input_plan: InputPlan,
+                        partition: _Partition) -> Iterator[DeliveryItem | Produced]:
+        segment = partition.fields["segment"]
+        codec, stream = input_plan.codec, input_plan.stream
+        injector, name = sender.injector, sender.plan.partition
+        for position, item in enumerate(injector.read(name, partition.fields["start"], partition.fields["end"])):  # type: ignore[union-attr, arg-type]
+            if isinstance(item, Malformed):
+                if sender.owns_malformed:
+                    yield self._malformed(sender, item, segment)
+                continue
+            value = codec.encode(item.value)
+            yield self._keyed(input_plan, sender, item.key, value, item.timestamp, item.id, segment, position)
 
-    def _log_records(self, sender: Sender, partition: _Partition,
-                     input_plan: InputPlan) -> Iterator[tuple[str, str, bytes, int, str]]:
-        name = self.plan.computation.name
-        for table in self.log.read_batches(sender.stream, sender.producer, partition.start, partition.end):
-            columns = table.to_pydict()
-            for rkey, value, ts, rid in zip(columns["key"], columns["value"], columns["timestamp"], columns["id"]):
-                yield input_plan.key_of_encoded(rkey, value, ts, rid, name), rkey, value, ts, rid
+    def _log_items(self, sender: Sender, input_plan: InputPlan,
+                   partition: _Partition) -> Iterator[DeliveryItem | Produced]:
+        segments: dict[int, int] = partition.fields["segments"]
+        table = pq.read_table(partition.fields["path"], filesystem=Storage(self.plan.root).fs, schema=LOG_SCHEMA)
+        columns = table.to_pydict()
+        for key, value, ts, rid, segment, order_key, order_seq in zip(
+                columns["key"], columns["value"], columns["timestamp"], columns["id"], columns["segment"],
+                columns["order_key"], columns["order_seq"]):
+            yield self._keyed(input_plan, sender, key, value, ts, rid, segments[segment], order_key << 32 | order_seq)
 
-    def _keyed_batches(self, plan: ComputationPlan, input_plan: InputPlan,
-                       feed: Iterator[tuple[str, str, bytes, int, str]], marks: Marks) -> Iterator[pa.RecordBatch]:
-        """The keyed deliveries of `feed`, bundled per shard."""
-        stream = input_plan.stream
-        pending: dict[int, list[DeliveryItem]] = {}
-        bundles: list[tuple[int, bytes]] = []
-        shard_of: dict[str, int] = {}  # keys repeat: hash each once per partition
-        for key, rkey, value, ts, rid in feed:
-            shard = shard_of.get(key)
-            if shard is None:
-                shard = shard_of[key] = route(key, plan.shards, plan.pages_per_shard)[0]
-            items = pending.setdefault(shard, [])
-            items.append((key, rkey, stream, value, ts, rid))
-            if len(items) >= BUNDLE_RECORDS:
-                bundles.append((shard, pack(items)))
-                del pending[shard]
-                if len(bundles) >= _BUNDLES_PER_ARROW_BATCH:
-                    yield _batch(bundles, marks)
-                    bundles = []
-        bundles.extend((shard, pack(items)) for shard, items in sorted(pending.items()))
-        if bundles:
-            yield _batch(bundles, marks)
+    def _keyed(self, input_plan: InputPlan, sender: Sender, rkey: str, value: bytes, ts: int, rid: str,
+               segment: int, order: int) -> DeliveryItem | Produced:
+        if input_plan.keyed_by_record_key:
+            key = rkey
+        else:
+            record = Record.encoded(rkey, value, input_plan.codec, ts, rid)
+            try:
+                key = input_plan.key_of(record)
+            except KeyExtractionError as error:
+                return self._unkeyable(sender, record, error, segment)
+        return (key, input_plan.stream, rkey, value, ts, rid, segment, order, sender.plan.dedup)
+
+    def _unkeyable(self, sender: Sender, record: Record[Any], error: KeyExtractionError, segment: int) -> Produced:
+        plan = self.plan.computation
+        if plan.on_error is ErrorPolicy.FAIL:
+            from millstream.core.executor import unkeyable_message
+
+            report_failure(self.plan.root, plan.name, unkeyable_message(plan.name, error, record.id))
+            raise error
+        try:
+            value = record.value
+        except Exception as undecodable:
+            value = f"<undecodable: {undecodable}>"
+        return dead_letter(plan.name, key=None, stream=sender.plan.stream, sender=sender.plan.producer,
+                           record_id=record.id, timestamp=record.timestamp, value=value, error=error.error,
+                           segment=segment)
+
+    def _malformed(self, sender: Sender, item: Malformed, segment: int) -> Produced:
+        plan = self.plan.computation
+        if sender.on_malformed is ErrorPolicy.FAIL:
+            message = (f"injector {sender.plan.producer!r} (partition {sender.plan.partition!r}) read malformed "
+                       f"input at {item.position}: {item.error}")
+            report_failure(self.plan.root, plan.name, message)
+            raise ValueError(message)
+        return dead_letter(plan.name, key=None, stream=sender.plan.stream, sender=sender.plan.producer,
+                           record_id=item.position, timestamp=BEGINNING_OF_TIME, value=item.raw,
+                           error=item.error, segment=segment)
 
 
-def _batch(bundles: list[tuple[int, bytes | None]], marks: Marks) -> pa.RecordBatch:
-    n = len(bundles)
+def _bundled(plan: ComputationPlan, feed: Iterable[DeliveryItem | Produced], batch: bytes) -> Iterator[pa.RecordBatch]:
+    """The feed's deliveries bundled per key group, dead letters alongside."""
+    pending: dict[int, list[DeliveryItem]] = {}
+    rows: list[tuple[int, bytes | None, bytes | None]] = []
+    rejected: list[Produced] = []
+    group_of: dict[str, int] = {}  # keys repeat: hash each once per partition
+    groups = plan.key_groups
+    for item in feed:
+        if isinstance(item, Produced):
+            rejected.append(item)
+            continue
+        key = item[0]
+        group = group_of.get(key)
+        if group is None:
+            group = group_of[key] = key_group(key, groups)
+        items = pending.get(group)
+        if items is None:
+            items = pending[group] = []
+        items.append(item)
+        if len(items) >= BUNDLE_RECORDS:
+            rows.append((group, pack(items), None))
+            del pending[group]
+            if len(rows) >= _BUNDLES_PER_ARROW_BATCH:
+                yield _batch(rows, batch)
+                rows = []
+    rows.extend((group, pack(items), None) for group, items in sorted(pending.items()))
+    if rejected:
+        rows.append((0, None, pack(rejected)))
+    if rows:
+        yield _batch(rows, batch)
+
+
+def _batch(rows: list[tuple[int, bytes | None, bytes | None]], plan: bytes) -> pa.RecordBatch:
+    n = len(rows)
     return pa.RecordBatch.from_arrays([
-        pa.array([shard for shard, _ in bundles], type=pa.int32()),
-        pa.array([bundle for _, bundle in bundles], type=pa.binary()),
-        pa.array([marks.before] * n, type=pa.int64()),
-        pa.array([marks.stamp] * n, type=pa.int64()),
+        pa.array([group for group, _, _ in rows], type=pa.int32()),
+        pa.array([bundle for _, bundle, _ in rows], type=pa.binary()),
+        pa.array([rejected for _, _, rejected in rows], type=pa.binary()),
+        pa.array([plan] * n, type=pa.binary()),
     ], schema=ARROW_SCHEMA)
 
 

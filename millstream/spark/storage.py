@@ -10,6 +10,10 @@ Writes are atomic: a local file is written aside and renamed into place; an obje
 object visible only once its upload completes. Readers therefore see a file whole or not at all. Not
 every store replaces an existing object atomically, though (the S3 test server was seen serving a
 half-written replacement of a computation's status): a JSON file that does not parse is read again.
+
+`create` writes a file only if it does not exist yet, atomically: exactly one of several writers racing
+for a name wins (local disk: a hard link of a finished temp file, which fails if the name exists; S3:
+a conditional put with `If-None-Match: *`). The fenced publication log is built on it.
 """
 
 from __future__ import annotations
@@ -18,8 +22,9 @@ import json
 import os
 import posixpath
 import time
+import uuid
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qs, unquote, urlsplit, urlunsplit
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -32,6 +37,10 @@ _JSON_READ_ATTEMPTS = 20
 def is_local(location: str) -> bool:
     scheme = urlsplit(location).scheme
     return scheme in ("", "file") or len(scheme) == 1  # "C:\..." on Windows
+
+
+class CreateNotSupported(RuntimeError):
+    """The location's filesystem cannot create a file only-if-absent atomically."""
 
 
 class Storage:
@@ -128,6 +137,76 @@ class Storage:
 
     def write_json(self, path: str, value: Any) -> None:
         self.write(path, json.dumps(value).encode())
+
+    def create(self, path: str, data: bytes) -> bool:
+        """Write `path` only if it does not exist yet; True if this call created it. Atomic: of
+        several writers racing for the same name exactly one gets True, and readers never see a
+        partial file."""
+        full = self._full(path)
+        if self.local:
+            os.makedirs(os.path.dirname(full), exist_ok=True)
+            tmp = f"{full}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+            with open(tmp, "wb") as out:
+                out.write(data)
+                out.flush()
+                os.fsync(out.fileno())
+            try:
+                os.link(tmp, full)  # fails if the name exists: the first writer wins
+                return True
+            except FileExistsError:
+                return False
+            finally:
+                os.unlink(tmp)
+        scheme = urlsplit(self.location).scheme
+        if scheme in ("s3", "s3a"):
+            return self._s3_create(full, data)
+        raise CreateNotSupported(
+            f"{self.describe()}: no atomic create-if-absent on {scheme}:// here (supported: local disk, S3)")
+
+    def create_json(self, path: str, value: Any) -> bool:
+        return self.create(path, json.dumps(value).encode())
+
+    def _s3_create(self, full: str, data: bytes) -> bool:
+        import boto3  # only needed for S3 locations
+        from botocore.exceptions import ClientError
+
+        parts = urlsplit(self.location)
+        options = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+        endpoint = options.get("endpoint_override")
+        if endpoint and "://" not in endpoint:
+            endpoint = f"{options.get('scheme', 'https')}://{endpoint}"
+        user, _, password = (unquote(parts.netloc.rsplit("@", 1)[0]).partition(":")
+                             if "@" in parts.netloc else ("", "", ""))
+        client = boto3.client("s3", endpoint_url=endpoint, region_name=options.get("region"),
+                              aws_access_key_id=user or None, aws_secret_access_key=password or None)
+        bucket, _, key = full.partition("/")
+        try:
+            client.put_object(Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")
+            return True
+        except ClientError as error:
+            if error.response.get("Error", {}).get("Code") in ("PreconditionFailed", "412",
+                                                                "ConditionalRequestConflict"):
+                return False
+            raise
+
+    def delete(self, path: str) -> None:
+        """Remove a file or a whole directory; nothing if absent."""
+        full = self._full(path)
+        info = self.fs.get_file_info(full)
+        if info.type == pafs.FileType.Directory:
+            self.fs.delete_dir(full)
+        elif info.type != pafs.FileType.NotFound:
+            self.fs.delete_file(full)
+
+    def move(self, source: str, target: str) -> None:
+        """Rename a file (object stores copy it)."""
+        full = self._full(target)
+        self.fs.create_dir(posixpath.dirname(full), recursive=True)
+        self.fs.move(self._full(source), full)
+
+    def full_path(self, path: str = "") -> str:
+        """The path as this location's filesystem names it (for pyarrow and Spark readers)."""
+        return self._full(path)
 
     def write_parquet(self, path: str, table: pa.Table) -> None:
         sink = pa.BufferOutputStream()

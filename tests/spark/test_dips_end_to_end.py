@@ -33,7 +33,7 @@ def test_windower_dip_detector_matches_ground_truth(spark, tmp_path):
     assert progress.computations["windower"].late == 0
     assert all(c.low_watermark == END_OF_TIME for c in progress.computations.values())
     # the JSON-lines sink holds the same dips
-    lines = [json.loads(line) for name in os.listdir(sink) for line in open(sink / name)]
+    lines = [json.loads(line) for path in sink.glob("*.jsonl") for line in open(path)]
     assert sorted((d["key"], d["value"]["bucket"], d["value"]["count"]) for d in lines) == truth["dips"]
 
 

@@ -1,0 +1,271 @@
+"""The commit protocol: checkpoint, then deliver (MillWheel's strong productions on Spark).
+
+For a computation's Spark batch N:
+
+1. The stager (Spark's foreachBatch for the batch) runs the batch: the stateful operator updates the
+   key groups' state, the executors write the output files of this *attempt* under a directory no one
+   reads (writer.py). The driver collects only file names and counters, and writes the attempt's
+   *staged manifest* (`staged/<computation>/e<epoch>/<N>.json`): files, output watermarks, status.
+   A re-run of batch N (after a crash, or a failed attempt) overwrites nothing of another attempt:
+   its files and manifest are its own.
+2. Spark commits the batch: state store version N, then `commits/N` in the checkpoint. The state Spark
+   keeps is the state of the last attempt that ran, the one whose manifest was staged last.
+3. The publisher sees `commits/N` and appends the staged manifest to the computation's fenced
+   publication log (publog.py). Only now do consumers see the records, and sinks receive them.
+
+So what is published for batch N is exactly the output of the attempt whose state Spark committed,
+whatever the code did (random draws, clocks, external calls): a crash between the publication and
+Spark's commit cannot happen (the publication waits for the commit), and a crash between the commit
+and the publication is repaired at the next start, which publishes every committed batch that was not
+published yet from its staged manifest. A computation with exactly_once=False publishes in step 1
+instead (first attempt wins) and trades that guarantee for latency.
+
+Sinks are delivered after publication (sinks.py).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from millstream.core.plan import ComputationPlan
+from millstream.core.watermarks import output_watermarks
+from millstream.model.records import BEGINNING_OF_TIME
+from millstream.spark.fencing import Lease
+from millstream.spark.operator import METRICS
+from millstream.spark.publog import BATCH, FencedWriter
+from millstream.spark.source import batch_segments
+from millstream.spark.storage import Storage
+from millstream.spark.writer import WRITER_SCHEMA, BatchWriter, FileSink
+
+if TYPE_CHECKING:
+    from millstream.spark.sinks import SinkDelivery
+
+
+class Checkpoint:
+    """Reads Spark's checkpoint of one query: its offset and commit logs."""
+
+    def __init__(self, location: str) -> None:
+        self.storage = Storage(location)
+        self.location = location
+
+    def end_offset(self, batch: int) -> dict[str, Any] | None:
+        """The source's end offset of `batch` (Spark writes it before running the batch)."""
+        text = self.storage.read(f"offsets/{batch}")
+        if text is None:
+            return None
+        return json.loads(text.decode().strip().splitlines()[-1])
+
+    def is_committed(self, batch: int) -> bool:
+        return self.storage.exists(f"commits/{batch}")
+
+    def last_committed(self) -> int:
+        batches = [int(n) for n in self.storage.list("commits") if n.isdigit()]
+        return max(batches, default=-1)
+
+
+def staged_path(computation: str, epoch: int, batch: int) -> str:
+    return f"staged/{computation}/e{epoch:06d}/{batch:012d}.json"
+
+
+def empty_status() -> dict[str, Any]:
+    return {"batch": -1, "low_watermark": BEGINNING_OF_TIME, "input_watermark": BEGINNING_OF_TIME,
+            "senders": {}, "metrics": {m: 0 for m in METRICS}, "next_wall_timer": None, "wall_ms": 0,
+            "state_bytes_written": 0}
+
+
+def next_status(previous: dict[str, Any], reports: list[dict[str, Any]], batch: int, end: dict[str, Any],
+                output: list[int]) -> dict[str, Any]:
+    """A computation's status after a batch: cumulative counters, watermarks, the next wall timer."""
+    metrics = dict(previous["metrics"])
+    for report in reports:
+        for name in METRICS:
+            metrics[name] = metrics.get(name, 0) + (report.get(name) or 0)
+    walls = [r["wake_wall"] for r in reports if r.get("wake_wall") is not None]
+    return {
+        "batch": batch,
+        "low_watermark": output[-1] if output else previous["low_watermark"],
+        "input_watermark": end["watermark"],
+        "senders": {name: item["watermark"] for name, item in end["senders"].items()},
+        "metrics": metrics,
+        "next_wall_timer": min(walls) if walls else None,
+        "wall_ms": int(time.time() * 1000),
+        "state_bytes_written": sum(r.get("bytes_written") or 0 for r in reports),
+    }
+
+
+@dataclass
+class ComputationCommit:
+    """What the commit protocol knows of one strong computation and its query. `fused` are the weak
+    computations fused ahead of it: they publish no log of their own, only their status, in the
+    strong computation's entries."""
+
+    plan: ComputationPlan
+    checkpoint: Checkpoint
+    writer: FencedWriter
+    file_sinks: tuple[FileSink, ...]
+    last_published: int = -1
+    fused: tuple[ComputationPlan, ...] = ()
+    # Statuses staged by this driver: batch -> computation -> status.
+    statuses: dict[int, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class BatchStager:
+    """Spark's foreachBatch of one computation's query: runs the batch, stages its output."""
+
+    def __init__(self, root: str, commit: ComputationCommit, lease: Lease, publisher: "Publisher") -> None:
+        self.root = root
+        self.commit = commit
+        self.lease = lease
+        self.publisher = publisher
+        self.storage = Storage(root)
+
+    def __call__(self, frame: Any, batch_id: int) -> None:
+        self.lease.check()  # a driver that was taken over runs nothing more
+        commit = self.commit
+        plan = commit.plan
+        attempt = uuid.uuid4().hex[:12]
+        writer = BatchWriter(self.root, plan.name, batch_id, attempt, commit.file_sinks)
+        rows = frame.mapInArrow(writer, WRITER_SCHEMA).collect()  # the one action: runs the stateful operator
+        streams: dict[str, list[list[Any]]] = {}
+        sinks: dict[str, list[list[Any]]] = {}
+        reports: list[dict[str, Any]] = []
+        for row in rows:
+            for item in row["files"]:
+                streams.setdefault(item["stream"], []).append([item["path"], item["rows"]])
+            for item in row["sink_files"]:
+                sinks.setdefault(item["sink"], []).append([item["path"], item["rows"]])
+            reports.extend(r.asDict() for r in row["reports"])
+        end = commit.checkpoint.end_offset(batch_id)
+        if end is None:
+            raise RuntimeError(f"Spark's offset log has no batch {batch_id} in {commit.checkpoint.location}")
+        statuses: dict[str, dict[str, Any]] = {}
+        for member in (*commit.fused, plan):  # a fused computation's output points are its consumer's input
+            previous = self.status_before(member.name, batch_id)
+            output = output_watermarks(previous["low_watermark"], batch_segments(end))
+            mine = [r for r in reports if r["computation"] == member.name]
+            statuses[member.name] = next_status(previous, mine, batch_id, end, output)
+        status = statuses[plan.name]
+        for files in streams.values():
+            files.sort()
+        manifest = {"type": BATCH, "batch": batch_id, "attempt": attempt, "output": output, "streams": streams,
+                    "sinks": sinks, "status": status,
+                    "fused": {m.name: statuses[m.name] for m in commit.fused}}
+        self.storage.write_json(staged_path(plan.name, commit.writer.epoch, batch_id), manifest)
+        with commit.lock:
+            commit.statuses[batch_id] = statuses
+            for old in [b for b in commit.statuses if b < batch_id - 2]:
+                del commit.statuses[old]
+        self.storage.write_json(wake_file(plan.name), {"batch": batch_id, "next_wall_timer": status["next_wall_timer"]})
+        if not plan.exactly_once:
+            self.publisher.publish(plan.name, batch_id, manifest)
+
+    def status_before(self, computation: str, batch_id: int) -> dict[str, Any]:
+        """A computation's status after batch_id - 1: staged by this driver, or else published (a
+        query starts after every committed batch was published)."""
+        commit = self.commit
+        with commit.lock:
+            staged = commit.statuses.get(batch_id - 1, {}).get(computation)
+        if staged is not None:
+            return staged
+        _, entry = commit.writer.log.last_batch()
+        if entry is None:
+            return empty_status()
+        if computation == commit.plan.name:
+            return entry["status"]  # type: ignore[no-any-return]
+        return entry.get("fused", {}).get(computation) or empty_status()
+
+
+def wake_file(computation: str) -> str:
+    return f"status/{computation}/wake.json"
+
+
+class Publisher:
+    """Publishes committed batches of every computation, then hands them to the sinks."""
+
+    def __init__(self, root: str, commits: dict[str, ComputationCommit], sinks: "SinkDelivery") -> None:
+        self.root = root
+        self.storage = Storage(root)
+        self.commits = commits
+        self.sinks = sinks
+        self.failure: BaseException | None = None
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- catch-up and the loop -----------------------------------------------------------------
+    def catch_up(self) -> None:
+        """Publish every batch Spark committed that was not published yet (a crash between Spark's
+        commit and the publication), from the manifest its attempt staged."""
+        for name in self.commits:
+            self.publish_committed(name)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="millstream-publisher", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                for name in self.commits:
+                    self.publish_committed(name)
+            except BaseException as error:  # surfaced by the runner (Fenced, storage errors)
+                self.failure = error
+                return
+            self._wake.wait(0.05)
+            self._wake.clear()
+
+    # -- publishing ----------------------------------------------------------------------------
+    def publish_committed(self, name: str) -> None:
+        commit = self.commits[name]
+        while commit.checkpoint.is_committed(commit.last_published + 1):
+            batch = commit.last_published + 1
+            manifest = self.staged_manifest(name, batch)
+            if manifest is None:
+                # A batch Spark made without running it (a state repartition): nothing to publish
+                # but the computation's unchanged status, so positions and batch ids stay in step.
+                _, last = commit.writer.log.last_batch()
+                status = dict(last["status"] if last else empty_status(), batch=batch)
+                manifest = {"type": BATCH, "batch": batch, "attempt": None, "output": [], "streams": {},
+                            "sinks": {}, "status": status}
+            self.publish(name, batch, manifest)
+
+    def staged_manifest(self, name: str, batch: int) -> dict[str, Any] | None:
+        """The manifest of the attempt Spark committed: this driver's, or at catch-up the newest
+        epoch's (one driver at a time: the last one that ran the batch)."""
+        commit = self.commits[name]
+        mine = self.storage.read_json(staged_path(name, commit.writer.epoch, batch))
+        if mine is not None:
+            return mine  # type: ignore[no-any-return]
+        for epoch_dir in sorted(self.storage.list(f"staged/{name}"), reverse=True):
+            found = self.storage.read_json(f"staged/{name}/{epoch_dir}/{batch:012d}.json")
+            if found is not None:
+                return found  # type: ignore[no-any-return]
+        return None
+
+    def publish(self, name: str, batch: int, manifest: dict[str, Any]) -> None:
+        commit = self.commits[name]
+        with commit.lock:
+            if batch <= commit.last_published:
+                return  # published already (exactly_once=False: the first attempt won)
+            position = commit.writer.append(manifest)
+            commit.last_published = batch
+        for member, status in ((name, manifest["status"]), *manifest.get("fused", {}).items()):
+            history = {k: status[k] for k in ("batch", "low_watermark", "input_watermark", "wall_ms")}
+            self.storage.write_json(f"status/{member}/history/{batch:012d}.json", history)
+            self.storage.write_json(f"status/{member}/latest.json", {**status, "position": position})
+        self.sinks.published(name, position, manifest)

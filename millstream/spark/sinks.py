@@ -1,0 +1,186 @@
+"""Sinks: published batches delivered out of the pipeline, in order, exactly once per batch id.
+
+Each sink remembers how far it got per producer (`sinks/<sink>/<producer>.json`, written after a
+delivery); a restart re-delivers from there, so every kind of sink must tolerate the redelivery of
+its last batch:
+
+- file sinks (jsonl, parquet): the executors wrote the batch's files under `<path>/_staging/`;
+  delivery renames them into `<path>/<producer>-<batch>-<part>` (a name already there is skipped);
+- Spark writers (`path` with any other format): the batch goes to
+  `<path>/producer=<producer>/batch=<batch>`, written with mode overwrite: a redelivery replaces it;
+- tables: appended with partition columns millstream_producer and millstream_batch, overwriting
+  only that partition (dynamic partition overwrite);
+- user writers: called as writer(dataframe, batch_id), like Spark's foreachBatch: make them
+  idempotent per (producer, batch_id); the dataframe has a `producer` column.
+
+The dataframe a Spark writer or user writer gets has columns key, timestamp, id, value (JSON text for
+JSON streams, bytes otherwise) and producer, read by Spark from the published stream-log files: the
+driver never holds the records.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from typing import Any, Callable
+
+from millstream.model.codecs import JsonCodec
+from millstream.model.pipeline import Pipeline, SinkNode
+from millstream.spark.publog import BATCH, PublicationLog
+from millstream.spark.storage import Storage
+from millstream.spark.writer import sink_staging_dir
+
+SinkFunction = Callable[[str, int, dict[str, Any]], None]
+
+
+class SinkDelivery:
+    """Delivers published batches to sinks, in order per (sink, producer), one thread per sink."""
+
+    def __init__(self, root: str, deliverers: dict[str, tuple[SinkNode, list[str], SinkFunction]]) -> None:
+        self.root = root
+        self.storage = Storage(root)
+        self.deliverers = deliverers  # sink name -> (node, producers, deliver(producer, batch, entry))
+        self.queues: dict[str, "queue.Queue[tuple[str, int, dict[str, Any]] | None]"] = {
+            name: queue.Queue() for name in deliverers}
+        self.failure: BaseException | None = None
+        self._threads: list[threading.Thread] = []
+        self.idle = {name: threading.Event() for name in deliverers}
+
+    def progress_file(self, sink: str, producer: str) -> str:
+        return f"sinks/{sink}/{producer}.json"
+
+    def delivered(self, sink: str, producer: str) -> tuple[int, int]:
+        """(last batch delivered, its log position)."""
+        data = self.storage.read_json(self.progress_file(sink, producer)) or {}
+        return data.get("batch", -1), data.get("position", -1)
+
+    def catch_up(self) -> None:
+        """Queue every published batch a sink has not received yet (a crash before delivery)."""
+        for sink, (_, producers, _) in self.deliverers.items():
+            for producer in producers:
+                batch, position = self.delivered(sink, producer)
+                log = PublicationLog(self.root, producer)
+                for entry_position, entry in log.entries_after(position, 1 << 30):
+                    if entry["type"] == BATCH and entry["batch"] > batch:
+                        self.queues[sink].put((producer, entry_position, entry))
+
+    def published(self, producer: str, position: int, entry: dict[str, Any]) -> None:
+        for sink, (_, producers, _) in self.deliverers.items():
+            if producer in producers:
+                self.idle[sink].clear()
+                self.queues[sink].put((producer, position, entry))
+
+    def start(self) -> None:
+        for sink in self.deliverers:
+            thread = threading.Thread(target=self._loop, args=(sink,), name=f"millstream-sink-{sink}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def stop(self) -> None:
+        for sink in self.deliverers:
+            self.queues[sink].put(None)
+        for thread in self._threads:
+            thread.join(timeout=60)
+
+    def wait_idle(self, timeout: float) -> bool:
+        deadline = time.time() + timeout
+        for sink in self.deliverers:
+            while not (self.queues[sink].empty() and self.idle[sink].is_set()):
+                if time.time() > deadline or self.failure is not None:
+                    return False
+                time.sleep(0.05)
+        return True
+
+    def _loop(self, sink: str) -> None:
+        node, _, deliver = self.deliverers[sink]
+        items = self.queues[sink]
+        while True:
+            if items.empty():
+                self.idle[sink].set()
+            item = items.get()
+            if item is None:
+                return
+            producer, position, entry = item
+            try:
+                if entry["batch"] <= self.delivered(sink, producer)[0]:
+                    continue
+                deliver(producer, entry["batch"], entry)
+                self.storage.write_json(self.progress_file(sink, producer),
+                                        {"batch": entry["batch"], "position": position})
+            except BaseException as error:
+                self.failure = RuntimeError(f"sink {sink!r} failed on batch {entry['batch']} of {producer!r}: "
+                                            f"{type(error).__name__}: {error}")
+                self.failure.__cause__ = error
+                return
+
+
+def deliver_file_sink(node: SinkNode, producer: str, batch: int, entry: dict[str, Any]) -> None:
+    """Rename the batch's staged sink files into place (a re-delivery finds them there)."""
+    target = Storage(node.path)  # type: ignore[arg-type]
+    for path, _rows in entry.get("sinks", {}).get(node.name, []):
+        name = path.rsplit("/", 1)[-1]
+        final = f"{producer}-{batch:012d}-{name}"
+        if not target.exists(final):
+            target.move(path, final)
+    staged = sink_staging_dir(producer, batch, "")
+    for directory in target.list("_staging"):
+        if directory.startswith(staged.rsplit("/", 1)[-1]):
+            target.delete(f"_staging/{directory}")
+
+
+LOG_COLUMNS = "key string, value binary, timestamp long, id string, segment int, order_key long, order_seq int"
+
+
+def batch_frame(spark: Any, pipeline: Pipeline, node: SinkNode, producer: str, entry: dict[str, Any]) -> Any:
+    """The batch's records of the sink's stream as a Spark DataFrame, read by the executors."""
+    from pyspark.sql import functions as F
+
+    paths = [path for path, rows in entry.get("streams", {}).get(node.stream, []) if rows]
+    if paths:
+        frame = spark.read.schema(LOG_COLUMNS).parquet(*paths)
+    else:
+        frame = spark.createDataFrame([], LOG_COLUMNS)
+    value = F.col("value")
+    if isinstance(pipeline.codec(node.stream), JsonCodec):
+        value = value.cast("string")
+    return frame.select("key", "timestamp", "id", value.alias("value"), F.lit(producer).alias("producer"))
+
+
+def deliver_with_spark(spark: Any, pipeline: Pipeline, node: SinkNode, producer: str, batch: int,
+                       entry: dict[str, Any]) -> None:
+    frame = batch_frame(spark, pipeline, node, producer, entry)
+    if node.writer is not None:
+        node.writer(frame, batch)
+    elif node.table is not None:
+        from pyspark.sql import functions as F
+
+        frame = frame.withColumn("millstream_producer", F.lit(producer)).withColumn("millstream_batch", F.lit(batch))
+        if not spark.catalog.tableExists(node.table):
+            frame.write.partitionBy("millstream_producer", "millstream_batch").options(**node.options).saveAsTable(
+                node.table)
+        else:
+            previous = spark.conf.get("spark.sql.sources.partitionOverwriteMode")
+            spark.conf.set("spark.sql.sources.partitionOverwriteMode", "dynamic")
+            try:
+                frame.write.mode("overwrite").insertInto(node.table)
+            finally:
+                spark.conf.set("spark.sql.sources.partitionOverwriteMode", previous)
+    else:
+        target = f"{node.path.rstrip('/')}/producer={producer}/batch={batch:012d}"  # type: ignore[union-attr]
+        frame.write.mode("overwrite").format(node.format).options(**node.options).save(target)
+
+
+def sink_deliverers(spark: Any, pipeline: Pipeline, strong: set[str]) -> dict[str, tuple[SinkNode, list[str], SinkFunction]]:
+    """Each sink with the computations it receives from and how it is delivered."""
+    found: dict[str, tuple[SinkNode, list[str], SinkFunction]] = {}
+    for node in pipeline.sinks.values():
+        producers = [p for p in pipeline.producers(node.stream) if p in strong]
+        if node.is_file_sink:
+            def deliver(producer: str, batch: int, entry: dict[str, Any], node: SinkNode = node) -> None:
+                deliver_file_sink(node, producer, batch, entry)
+        else:
+            def deliver(producer: str, batch: int, entry: dict[str, Any], node: SinkNode = node) -> None:
+                deliver_with_spark(spark, pipeline, node, producer, batch, entry)
+        found[node.name] = (node, producers, deliver)
+    return found

@@ -1,0 +1,187 @@
+"""A key group's keys in Spark's state store, written as deltas, read from a worker-side cache.
+
+Spark's Python stateful operator costs a JVM round trip (~50-65 us) per state call, so one call per
+key would dominate a batch, and rewriting whole pages of keys made every batch write all the state.
+So per key group (the operator's grouping key) Spark holds:
+
+- `chunks` (MapState id -> blob): each blob a dict key -> StoredKey (or None: the key is gone). A
+  batch that changed keys writes ONE new chunk holding exactly the changed keys: bytes written follow
+  the changed state. Once the chunks add up to more than twice the live state, they are compacted
+  into fresh base chunks (bounded amortized cost: at most ~1.5 bytes written per changed byte).
+- `head` (ValueState): the chain of chunk ids in order, each with a random token, plus sizes.
+
+Everything Spark holds is the truth; Spark commits it atomically with the batch. Reads come from a
+cache in the Python worker process: the key group's keys decoded into a MemoryKeyStore (blobs and
+wake-up heaps), tagged with the token of the last chunk it reflects. A batch first reads `head`: if
+the cache is at its token, it is used as is; if the cache is at an earlier token of the same chain
+(another worker ran the group meanwhile), it reads just the chunks it missed; otherwise (a restart, a
+re-run batch whose first attempt was never committed, a compaction) it rebuilds from all chunks. A
+cache can never be ahead of Spark's committed state unnoticed: tokens are random per attempt.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from millstream.core.store import MemoryKeyStore, StoredKey
+
+CHUNK_BYTES = 4 << 20
+# Compact once the chunks written since the last compaction exceed this many times the live state.
+COMPACT_RATIO = 2.0
+COMPACT_MIN_BYTES = 1 << 20
+# Worker-side caches kept per Python worker process, least recently used evicted first.
+CACHE_BYTES = int(os.environ.get("MILLSTREAM_CACHE_BYTES", 1 << 30))
+
+
+@dataclass
+class Head:
+    chain: list[tuple[int, str]] = field(default_factory=list)  # (chunk id, token), oldest first
+    next_id: int = 0
+    live_bytes: int = 0
+    delta_bytes: int = 0  # bytes of chunks written since the last compaction
+
+    @property
+    def token(self) -> str | None:
+        return self.chain[-1][1] if self.chain else None
+
+    def dumps(self) -> bytes:
+        return pickle.dumps((self.chain, self.next_id, self.live_bytes, self.delta_bytes), protocol=5)
+
+    @classmethod
+    def loads(cls, blob: bytes | None) -> "Head":
+        if not blob:
+            return cls()
+        chain, next_id, live, delta = pickle.loads(blob)
+        return cls(list(chain), next_id, live, delta)
+
+
+@dataclass
+class _Cache:
+    keys: MemoryKeyStore = field(default_factory=MemoryKeyStore)
+    chain: list[tuple[int, str]] = field(default_factory=list)
+    live_bytes: int = 0
+
+    @property
+    def token(self) -> str | None:
+        return self.chain[-1][1] if self.chain else None
+
+    def apply(self, changes: dict[str, StoredKey | None]) -> None:
+        blobs = self.keys.blobs
+        for key, stored in changes.items():
+            old = blobs.get(key)
+            if old is not None:
+                self.live_bytes -= len(old.blob) + len(key)
+            if stored is not None:
+                self.live_bytes += len(stored.blob) + len(key)
+        self.keys.save(changes)
+
+
+_CACHES: "OrderedDict[tuple[str, int], _Cache]" = OrderedDict()
+
+
+def _evict(keep: tuple[str, int]) -> None:
+    total = sum(c.live_bytes for c in _CACHES.values())
+    while total > CACHE_BYTES and len(_CACHES) > 1:
+        oldest = next(iter(_CACHES))
+        if oldest == keep:
+            _CACHES.move_to_end(oldest)
+            continue
+        total -= _CACHES.pop(oldest).live_bytes
+
+
+class SparkKeyStore:
+    """The KeyStore of one key group for one batch (see the module doc)."""
+
+    def __init__(self, head_state: Any, chunks_state: Any, namespace: str, group: int) -> None:
+        self._head_state, self._chunks = head_state, chunks_state
+        value = head_state.get()
+        self.head = Head.loads(bytes(value[0]) if value else None)
+        self._cache_key = (namespace, group)
+        self.cache = self._current_cache()
+        self.bytes_written = 0
+
+    def _chunk(self, chunk_id: int) -> dict[str, StoredKey | None]:
+        value = self._chunks.getValue((chunk_id,))
+        if not value:
+            raise RuntimeError(f"state chunk {chunk_id} of key group {self._cache_key[1]} is missing")
+        return pickle.loads(bytes(value[0]))  # written by this module, in Spark's state store
+
+    def _current_cache(self) -> _Cache:
+        cache = _CACHES.get(self._cache_key)
+        chain = self.head.chain
+        if cache is not None and cache.token == self.head.token:
+            pass
+        elif cache is not None and cache.chain and cache.chain == chain[:len(cache.chain)]:
+            for chunk_id, _ in chain[len(cache.chain):]:  # catch up on what other workers wrote
+                cache.apply(self._chunk(chunk_id))
+            cache.chain = list(chain)
+        else:
+            cache = _Cache()
+            for chunk_id, _ in chain:
+                cache.apply(self._chunk(chunk_id))
+            cache.chain = list(chain)
+        _CACHES[self._cache_key] = cache
+        _CACHES.move_to_end(self._cache_key)
+        _evict(self._cache_key)
+        return cache
+
+    # -- KeyStore ------------------------------------------------------------------------------
+    def load(self, keys: Iterable[str]) -> dict[str, bytes]:
+        return self.cache.keys.load(keys)
+
+    def due(self, low_watermark: int, wall_time: int) -> list[str]:
+        return self.cache.keys.due(low_watermark, wall_time)
+
+    def next_wall_time(self) -> int | None:
+        return self.cache.keys.next_wall_time()
+
+    def save(self, changes: dict[str, StoredKey | None]) -> None:
+        if not changes:
+            return
+        head, cache = self.head, self.cache
+        blob = pickle.dumps(changes, protocol=5)
+        chunk_id = head.next_id
+        self._chunks.updateValue((chunk_id,), (blob,))
+        self.bytes_written += len(blob)
+        cache.apply(changes)
+        head.chain.append((chunk_id, uuid.uuid4().hex))
+        head.next_id += 1
+        head.delta_bytes += len(blob)
+        head.live_bytes = cache.live_bytes
+        if head.delta_bytes > max(COMPACT_RATIO * head.live_bytes, COMPACT_MIN_BYTES):
+            self._compact()
+        self._head_state.update((head.dumps(),))
+        cache.chain = list(head.chain)
+
+    def _compact(self) -> None:
+        """Rewrite the live keys as fresh base chunks and drop every older chunk."""
+        head = self.head
+        old = [chunk_id for chunk_id, _ in head.chain]
+        chain: list[tuple[int, str]] = []
+        batch: dict[str, StoredKey | None] = {}
+        size = 0
+        for key, stored in self.cache.keys.blobs.items():
+            batch[key] = stored
+            size += len(stored.blob) + len(key)
+            if size >= CHUNK_BYTES:
+                chain.append(self._write_base(batch))
+                batch, size = {}, 0
+        if batch:
+            chain.append(self._write_base(batch))
+        for chunk_id in old:
+            self._chunks.removeKey((chunk_id,))
+        head.chain = chain
+        head.delta_bytes = 0
+
+    def _write_base(self, keys: dict[str, StoredKey | None]) -> tuple[int, str]:
+        blob = pickle.dumps(keys, protocol=5)
+        chunk_id = self.head.next_id
+        self.head.next_id += 1
+        self._chunks.updateValue((chunk_id,), (blob,))
+        self.bytes_written += len(blob)
+        return chunk_id, uuid.uuid4().hex

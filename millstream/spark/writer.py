@@ -1,0 +1,131 @@
+"""The executors write a batch's output: stream-log files and file-sink files, one per task.
+
+Runs as `mapInArrow` over the stateful operator's output, in the same Spark tasks, so the records
+never travel to the driver. Each task writes, under a directory unique to the batch attempt, one
+Parquet file per output stream (the stream log, read by consumers) and one staged file per file sink,
+and returns only their names, row counts and the key groups' counters. Nothing written here is
+visible to anyone until the driver publishes it after Spark has committed the batch (commit.py); files
+of attempts that are never committed are simply never published.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import dataclass
+from typing import Any, Iterator, Mapping
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from millstream.core.production import Produced
+from millstream.model.codecs import Codec
+from millstream.spark.bundles import unpack
+from millstream.spark.operator import METRICS
+from millstream.spark.source import LOG_SCHEMA
+from millstream.spark.storage import Storage
+
+WRITER_SCHEMA = (
+    "files array<struct<stream:string,path:string,rows:long>>, "
+    "sink_files array<struct<sink:string,path:string,rows:long>>, "
+    "reports array<struct<computation:string,key_group:int,records:long,duplicates:long,late:long,"
+    "timers_fired:long,productions:long,dead_letters:long,wake_wall:long,bytes_written:long>>"
+)
+_ARROW_SCHEMA = pa.schema([
+    ("files", pa.list_(pa.struct([("stream", pa.string()), ("path", pa.string()), ("rows", pa.int64())]))),
+    ("sink_files", pa.list_(pa.struct([("sink", pa.string()), ("path", pa.string()), ("rows", pa.int64())]))),
+    ("reports", pa.list_(pa.struct([
+        ("computation", pa.string()), ("key_group", pa.int32()), *[(m, pa.int64()) for m in METRICS],
+        ("wake_wall", pa.int64()), ("bytes_written", pa.int64())]))),
+])
+
+
+@dataclass(frozen=True)
+class FileSink:
+    name: str
+    stream: str
+    path: str
+    format: str  # "jsonl" or "parquet"
+    codec: Codec
+
+
+def staging_dir(computation: str, batch: int, attempt: str) -> str:
+    return f"streams/{computation}/{batch:012d}/{attempt}"
+
+
+def sink_staging_dir(computation: str, batch: int, attempt: str) -> str:
+    return f"_staging/{computation}-{batch:012d}-{attempt}"
+
+
+class BatchWriter:
+    """The mapInArrow function for one batch attempt (a fresh instance per attempt)."""
+
+    def __init__(self, root: str, computation: str, batch: int, attempt: str, sinks: tuple[FileSink, ...]) -> None:
+        self.root, self.computation, self.batch, self.attempt, self.sinks = root, computation, batch, attempt, sinks
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        task = f"{context.partitionId():05d}-{context.taskAttemptId()}" if context else "00000-0"
+        by_stream: dict[str, list[Produced]] = {}
+        reports: list[dict[str, Any]] = []
+        for record_batch in batches:
+            for row in record_batch.to_pylist():
+                for item in unpack(row["productions"]):
+                    by_stream.setdefault(item.stream, []).append(item)
+                reports.append(_report(row))
+                reports.extend(unpack(row["upstream_reports"]))  # fused weak computations' counters
+        storage = Storage(self.root)
+        files = []
+        for stream, items in sorted(by_stream.items()):
+            items.sort(key=_output_order)
+            path = f"{staging_dir(self.computation, self.batch, self.attempt)}/{stream}-{task}.parquet"
+            storage.write_parquet(path, log_table(items))
+            files.append({"stream": stream, "path": storage.full_path(path), "rows": len(items)})
+        sink_files = []
+        for sink in self.sinks:
+            items = by_stream.get(sink.stream)
+            if not items:
+                continue
+            target = Storage(sink.path)
+            path = f"{sink_staging_dir(self.computation, self.batch, self.attempt)}/part-{task}.{sink.format}"
+            target.write(path, sink_file(items, sink.format, sink.codec))
+            sink_files.append({"sink": sink.name, "path": path, "rows": len(items)})
+        yield pa.RecordBatch.from_pylist([{"files": files, "sink_files": sink_files, "reports": reports}],
+                                         schema=_ARROW_SCHEMA)
+
+
+def _output_order(item: Produced) -> tuple[int, int]:
+    return item.segment, item.order
+
+
+def _report(row: Mapping[str, Any]) -> dict[str, Any]:
+    return {"computation": row["computation"], "key_group": row["key_group"], "records": row["records"],
+            "duplicates": row["duplicates"], "late": row["late"], "timers_fired": row["timers_fired"],
+            "productions": row["productions_count"], "dead_letters": row["dead_letters"],
+            "wake_wall": row["wake_wall"], "bytes_written": row["bytes_written"]}
+
+
+def log_table(items: list[Produced]) -> pa.Table:
+    return pa.table({
+        "key": [p.key for p in items],
+        "value": [p.value for p in items],
+        "timestamp": [p.timestamp for p in items],
+        "id": [p.id for p in items],
+        "segment": [p.segment for p in items],
+        "order_key": [p.order >> 32 for p in items],
+        "order_seq": [p.order & 0xFFFFFFFF for p in items],
+    }, schema=LOG_SCHEMA)
+
+
+def sink_file(items: list[Produced], fmt: str, codec: Codec) -> bytes:
+    """A user-facing file of decoded records: JSON lines, or Parquet with dict values flattened."""
+    rows = [{"key": p.key, "timestamp": p.timestamp, "id": p.id, "value": codec.decode(p.value)} for p in items]
+    if fmt == "jsonl":
+        return "".join(json.dumps(r, sort_keys=True, default=str) + "\n" for r in rows).encode()
+    flat = [{"key": r["key"], "timestamp": r["timestamp"], "id": r["id"], **r["value"]}
+            if isinstance(r["value"], dict) else r for r in rows]
+    out = io.BytesIO()
+    pq.write_table(pa.Table.from_pylist(flat), out)
+    return out.getvalue()
