@@ -9,10 +9,15 @@ from millstream.model.injector import Injector, Malformed, Offset
 from millstream.model.pipeline import DEAD_LETTERS, ErrorPolicy, Pipeline, PipelineError, Production
 from millstream.model.records import BEGINNING_OF_TIME, END_OF_TIME, Record, TimeDomain, Timer
 from millstream.model.state import ListState, MapState, ValueState
+from millstream.windows import (
+    Collect, Count, Fold, Max, Min, SlidingWindows, Sum, TumblingWindows, Window, WindowAggregate,
+)
 
 __all__ = [
-    "BEGINNING_OF_TIME", "DEAD_LETTERS", "END_OF_TIME", "BytesCodec", "Codec", "CodecError", "Computation",
-    "ComputationInfo", "Context", "ErrorPolicy", "FileInjector", "GeneratorInjector", "Injector", "JsonCodec",
-    "ListState", "Malformed", "MapState", "Offset", "PickleCodec", "Pipeline", "PipelineError", "Production",
-    "Record", "ScriptedInjector", "StrCodec", "TimeDomain", "Timer", "ValueState",
+    "BEGINNING_OF_TIME", "DEAD_LETTERS", "END_OF_TIME", "BytesCodec", "Codec", "CodecError", "Collect",
+    "Computation", "ComputationInfo", "Context", "Count", "ErrorPolicy", "FileInjector", "Fold",
+    "GeneratorInjector", "Injector", "JsonCodec", "ListState", "Malformed", "MapState", "Max", "Min",
+    "Offset", "PickleCodec", "Pipeline", "PipelineError", "Production", "Record", "ScriptedInjector",
+    "SlidingWindows", "StrCodec", "Sum", "TimeDomain", "Timer", "TumblingWindows", "ValueState", "Window",
+    "WindowAggregate",
 ]

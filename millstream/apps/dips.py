@@ -18,12 +18,14 @@ import sys
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass
+from typing import Any
 
 from millstream.injectors.generator import GeneratorInjector
 from millstream.model.computation import Computation, Context
 from millstream.model.pipeline import Pipeline
 from millstream.model.records import Record, Timer
 from millstream.model.state import MapState
+from millstream.windows import Count, TumblingWindows, Window, WindowAggregate
 
 BUCKET_MS = 1000
 HISTORY_BUCKETS = 5  # buckets of history a dip is judged against
@@ -31,20 +33,19 @@ DIP_RATIO = 0.35  # a bucket below this fraction of the recent mean is a dip
 MIN_MEAN = 4.0  # too little traffic to call anything a dip
 
 
-class Windower(Computation):
-    counts = MapState("counts")  # bucket start -> records seen
+def bucket_window(window: Window, count: int) -> dict[str, int]:
+    """A window as the DipDetector reads it: the bucket's start and its count."""
+    return {"bucket": window.start, "count": count}
 
-    def process_record(self, ctx: Context, record: Record) -> None:
-        bucket = record.timestamp - record.timestamp % BUCKET_MS
-        counts = ctx.state(self.counts)
-        counts.put(bucket, counts.get(bucket, 0) + 1)
-        ctx.set_timer(f"w{bucket}", bucket + BUCKET_MS)
 
-    def process_timer(self, ctx: Context, timer: Timer) -> None:
-        bucket = timer.time - BUCKET_MS
-        counts = ctx.state(self.counts)
-        ctx.produce(Record(ctx.key, {"bucket": bucket, "count": counts.get(bucket, 0)}, timer.time), "windows")
-        counts.remove(bucket)
+class Windower(WindowAggregate[Any, int, int]):
+    """The paper's Windower: each key's records counted per 1-second bucket, a window produced
+    once the low watermark passes the bucket's end (stamped with the end). Late records (behind the
+    low watermark) are dropped and counted in the `late` metric, not folded into a window that may
+    be out already."""
+
+    def __init__(self) -> None:
+        super().__init__(TumblingWindows(BUCKET_MS), Count(), "windows", output_value=bucket_window, late="drop")
 
 
 class DipDetector(Computation):

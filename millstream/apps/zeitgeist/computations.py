@@ -264,7 +264,12 @@ class Windower(Computation):
     Quiet seconds matter (a dip on a near-silent query is a run of zeros): once a query has been
     seen, its timer chain produces a window for *every* second, zero or not, until the query has been
     silent for `quiet_ms` (then it is dormant until its next search). When the input ends (low
-    watermark at END_OF_TIME) the chain runs on to `stream_end` if given, else to the last data."""
+    watermark at END_OF_TIME) the chain runs on to `stream_end` if given, else to the last data.
+
+    Not built on millstream.windows.WindowAggregate, whose windows exist only where records fell:
+    this chain produces the empty seconds too (and goes dormant after `quiet_ms`), reports each
+    query's late count in every window, and keeps one JSON list per query instead of an entry per
+    open second, so a step decodes a query's state once."""
 
     # {"b0": start of the next bucket to produce (None: dormant), "c": counts of buckets b0, b0+1s, ...,
     #  "last": start of the last bucket with data, "late": searches dropped as late}

@@ -1,0 +1,21 @@
+"""The runnable examples in the public docstrings of the modules this suite owns."""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+
+import pytest
+
+MODULES = [
+    "millstream.windows.assigners",
+    "millstream.windows.aggregators",
+    "millstream.windows.aggregate",
+]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_docstring_examples_run(name: str) -> None:
+    result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0, f"{name} has no example"
+    assert result.failed == 0
