@@ -7,7 +7,7 @@ no more data for the bucket can arrive. The generator makes out-of-order, delaye
 from a record index alone, so any runner can replay it, and `expected_output` recomputes both streams
 in plain Python, independently of the framework.
 
-Run it on local Spark:  python -m millstream.apps.dips --root ./dips-data
+Run it on local Spark:  python -m millstream.apps.dips --root ./dips-data   (--runner harness: no Spark)
 """
 
 from __future__ import annotations
@@ -15,11 +15,22 @@ from __future__ import annotations
 import argparse
 import random
 import sys
-import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
+from millstream.console.datadir import delete_for_fresh_start, settings_for_run
+from millstream.console.options import (
+    OneLineArgumentParser,
+    UsageError,
+    check_master,
+    check_writable_directory,
+    positive_float,
+    positive_int,
+    quiet_library_warnings,
+)
+from millstream.console.progress import ProgressDisplay, Snapshot
+from millstream.console.running import run_command, run_on_harness, run_on_spark, snapshot_of_harness, snapshot_of_progress
 from millstream.injectors.generator import GeneratorInjector
 from millstream.model.computation import Computation, Context
 from millstream.model.pipeline import Pipeline
@@ -161,32 +172,121 @@ def expected_output(spec: TrafficSpec) -> dict[str, list[tuple]]:
     return {"windows": sorted(windows), "dips": sorted(dips)}
 
 
+# -- the command ------------------------------------------------------------------------------------
+PROG = "python -m millstream.apps.dips"
+SETTINGS_FILE = "dips.json"
+TRAFFIC_OPTIONS = ("events", "keys", "seed")
+
+
+def rows(records: list[Record[Any]]) -> list[tuple[str, int, int]]:
+    """Windows or dips as (key, bucket, count), the shape of expected_output."""
+    return sorted((r.key, r.value["bucket"], r.value["count"]) for r in records)
+
+
+def verdict(windows: list[tuple[str, int, int]], dips: list[tuple[str, int, int]],
+            truth: dict[str, list[tuple[str, int, int]]]) -> tuple[bool, str]:
+    """(matches, the line saying so) for the produced windows and dips against the ground truth.
+
+    >>> truth = {"windows": [("a", 0, 5), ("a", 1000, 1)], "dips": [("a", 1000, 1)]}
+    >>> verdict(truth["windows"], truth["dips"], truth)
+    (True, '2 windows, 1 dips: matches ground truth')
+    >>> verdict([("a", 0, 5), ("a", 1000, 2)], [], truth)[1]
+    '2 windows, 0 dips: differs from ground truth (windows: 1 missing, 1 unexpected; dips: 1 missing)'
+    """
+    head = f"{len(windows):,} windows, {len(dips):,} dips"
+    problems = []
+    for name, got in (("windows", windows), ("dips", dips)):
+        expected = Counter(truth[name])
+        produced = Counter(got)
+        missing, unexpected = sum((expected - produced).values()), sum((produced - expected).values())
+        if missing or unexpected:
+            parts = ([f"{missing:,} missing"] if missing else []) + ([f"{unexpected:,} unexpected"] if unexpected else [])
+            problems.append(f"{name}: {', '.join(parts)}")
+    if not problems:
+        return True, f"{head}: matches ground truth"
+    return False, f"{head}: differs from ground truth ({'; '.join(problems)})"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    defaults = TrafficSpec()
+    parser = OneLineArgumentParser(prog=PROG, description="The paper's Windower -> DipDetector on Spark, checked "
+                                                          "against its ground truth")
+    parser.add_argument("--root", default="./dips-data", help="checkpoints and stream logs (default %(default)s)")
+    parser.add_argument("--events", type=positive_int, help=f"records to generate (default {defaults.events:,})")
+    parser.add_argument("--keys", type=positive_int, help=f"distinct keys (default {defaults.keys})")
+    parser.add_argument("--seed", type=int, help=f"random seed of the traffic (default {defaults.seed})")
+    parser.add_argument("--rate", type=positive_float, default=None, help="records per second (default: unpaced)")
+    parser.add_argument("--master", default="local[*]", help="Spark master (default %(default)s)")
+    parser.add_argument("--runner", choices=("spark", "harness"), default="spark",
+                        help="spark (default) or harness: the in-process test harness, no Spark")
+    parser.add_argument("--fresh", action="store_true", help="delete the root first and start over")
+    parser.add_argument("--timeout", type=positive_float, default=None, help="give up after this many seconds")
+    parser.add_argument("--batch-records", type=positive_int, default=100_000, help="max records per micro-batch")
+    return parser.parse_args(argv)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Windower -> DipDetector on local Spark")
-    parser.add_argument("--root", default="./dips-data", help="checkpoints and stream logs")
-    parser.add_argument("--events", type=int, default=20_000)
-    parser.add_argument("--keys", type=int, default=10)
-    parser.add_argument("--rate", type=float, default=None, help="records per second (default: unpaced)")
-    parser.add_argument("--master", default="local[*]")
-    parser.add_argument("--timeout", type=float, default=None)
-    parser.add_argument("--batch-records", type=int, default=100_000, help="max records per micro-batch")
-    args = parser.parse_args(argv)
-    from millstream.spark.runner import SparkRunner
+    quiet_library_warnings()
+    return run_command(lambda: _main(argv), PROG)
 
-    spec = TrafficSpec(events=args.events, keys=args.keys)
-    runner = SparkRunner(build_pipeline(spec, args.rate), root=args.root, master=args.master,
-                         max_records_per_batch=args.batch_records)
-    started = time.time()
 
-    def show(progress) -> None:
-        parts = [f"{name}: in={c.records} out={c.productions} lw={c.low_watermark}"
-                 for name, c in progress.computations.items()]
-        print(f"[{time.time() - started:6.1f}s] " + " | ".join(parts), flush=True)
+def _main(argv: list[str] | None) -> int:
+    args = parse_args(argv)
+    # Everything checked before anything is deleted, created or started.
+    args.root = check_writable_directory(args.root, "--root")
+    if args.runner == "spark":
+        check_master(args.master)
+        try:
+            from millstream.spark.runner import SparkRunner
+        except ImportError as error:
+            raise UsageError(f"the Spark runner is not available ({error}); try --runner harness") from None
+    if args.fresh:
+        delete_for_fresh_start(args.root, (SETTINGS_FILE, "pipeline.json"), "a dips root")
+    asked = {name: getattr(args, name) for name in TRAFFIC_OPTIONS if getattr(args, name) is not None}
+    defaults = TrafficSpec()
+    settings, resumed = settings_for_run(args.root, SETTINGS_FILE, "traffic", asked,
+                                         {name: getattr(defaults, name) for name in TRAFFIC_OPTIONS}, "a dips root",
+                                         options=TRAFFIC_OPTIONS)
+    spec = TrafficSpec(**settings)
+    pipeline = build_pipeline(spec, args.rate)
+    print(f"dips: {spec.events:,} events over {spec.keys} keys (seed {spec.seed}), 1-s windows, dips below "
+          f"{DIP_RATIO:.0%} of the last {HISTORY_BUCKETS} s; root {args.root}"
+          + (" (resuming)" if resumed and args.runner == "spark" else ""), flush=True)
 
-    runner.run(on_progress=show, timeout=args.timeout)
-    dips = runner.read_stream("dips")
-    print(f"done: {len(runner.read_stream('windows'))} windows, {len(dips)} dips", flush=True)
-    return 0
+    def events_read(records_of: Callable[[str], int]) -> int:
+        return records_of("windower")
+
+    def newest_event(records: int) -> int | None:
+        return spec.base_time(records - 1) if records else None
+
+    display = ProgressDisplay(unit="events", waiting="starting Spark" if args.runner == "spark" else "starting")
+    if args.runner == "spark":
+        runner = SparkRunner(pipeline, root=args.root, master=args.master, max_records_per_batch=args.batch_records)
+
+        def count(progress: Any) -> int:
+            return events_read(lambda name: progress.computations[name].records if name in progress.computations else 0)
+
+        def spark_snapshot(progress: Any, at_start: int) -> Snapshot:
+            records = count(progress)
+            return snapshot_of_progress(progress, list(pipeline.computations), records=records, total=spec.events,
+                                        records_at_start=at_start, newest_event=newest_event(records))
+
+        run_on_spark(runner, display, spark_snapshot, count, timeout=args.timeout)
+        windows, dips = runner.read_stream("windows"), runner.read_stream("dips")
+    else:
+        from millstream.testing import PipelineHarness
+
+        harness = PipelineHarness(pipeline)
+
+        def harness_snapshot(harness: Any) -> Snapshot:
+            records = events_read(lambda name: harness.metrics(name).records)
+            return snapshot_of_harness(harness, records=records, total=spec.events, newest_event=newest_event(records))
+
+        run_on_harness(harness, display, harness_snapshot, records_per_step=args.batch_records, timeout=args.timeout)
+        windows, dips = harness.output("windows"), harness.output("dips")
+    matches, line = verdict(rows(windows), rows(dips), expected_output(spec))
+    print(line, flush=True)
+    return 0 if matches else 1
 
 
 if __name__ == "__main__":

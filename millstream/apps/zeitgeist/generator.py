@@ -570,13 +570,17 @@ class ZeitgeistInjector(Injector):
         return int(log.max_emitted[max(0, min(emitted, len(log)))])
 
 
-def describe(config: ZeitgeistConfig) -> str:
+def describe(config: ZeitgeistConfig, events: int | None = None) -> str:
+    """One line about the log. `events`: the exact number of searches generated (else the expected
+    number, rate x duration, which the Poisson draws miss by a few percent)."""
     truth = ground_truth(config)
     kinds: dict[str, int] = {}
     for a in truth:
         kinds[a.cause] = kinds.get(a.cause, 0) + 1
     days = config.seconds / config.day_seconds
     return (f"{config.queries} queries, {config.minutes:g} min of event time ({days:.1f} days of "
-            f"{config.day_seconds} s), ~{int(config.rate * config.seconds):,} events, seed {config.seed}; "
+            f"{config.day_seconds} s), "
+            + (f"{events:,} searches" if events is not None else f"~{int(config.rate * config.seconds):,} searches")
+            + f", seed {config.seed}; "
             f"anomalies: " + (", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) or "none"))
 
