@@ -1,0 +1,206 @@
+"""The `millstream` command.
+
+    millstream new NAME                       write a runnable starter project into ./NAME
+    millstream run module:pipeline [--root DIR] [--master URL] [--fresh] [--runner spark|harness]
+
+Options are checked before anything is created, deleted or started; a bad value, an unreachable
+master or an unusable directory ends the command in one line with exit code 2 (see
+millstream.console.running for the other exit codes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import re
+import sys
+import time
+from importlib import resources
+from typing import Any, Sequence
+
+from millstream.console.datadir import delete_for_fresh_start
+from millstream.console.options import (
+    OneLineArgumentParser,
+    UsageError,
+    check_master,
+    check_writable_directory,
+    positive_float,
+    quiet_library_warnings,
+)
+from millstream.console.progress import ProgressDisplay, RateMeter, Snapshot
+from millstream.console.running import (
+    input_records,
+    run_command,
+    run_on_harness,
+    run_on_spark,
+    snapshot_of_harness,
+    snapshot_of_progress,
+)
+from millstream.model.pipeline import Pipeline, PipelineError
+
+PROG = "millstream"
+_PROJECT_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")  # also a valid pipeline name
+# What `millstream new` writes: file in the project <- template in millstream/templates.
+STARTER_FILES = {"pipeline.py": "starter_pipeline.py.txt", "test_pipeline.py": "starter_test.py.txt",
+                 "README.md": "starter_readme.md.txt"}
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = OneLineArgumentParser(prog=PROG, description="MillWheel pipelines on Spark Structured Streaming")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    new = commands.add_parser("new", help="write a runnable starter project (pipeline, test, README)")
+    new.add_argument("name", help="project name: letters, digits, '_' or '-', starting with a letter")
+    new.add_argument("--directory", default=".", help="where to create the project folder (default: here)")
+
+    run = commands.add_parser("run", help="run a pipeline: module:attribute naming a millstream.Pipeline")
+    run.add_argument("target", help="module:attribute, e.g. pipeline:pipeline (the module is imported from "
+                                    "the current directory or the installed packages)")
+    run.add_argument("--root", default="./millstream-data", help="checkpoints, stream logs and status; reuse it "
+                                                                 "to resume (default %(default)s)")
+    run.add_argument("--master", default="local[*]", help="Spark master (default %(default)s)")
+    run.add_argument("--fresh", action="store_true", help="delete the root first and start over")
+    run.add_argument("--runner", choices=("spark", "harness"), default="spark",
+                     help="spark (default) or harness: in-process, no Spark, nothing kept")
+    run.add_argument("--timeout", type=positive_float, default=None, help="give up after this many seconds")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    quiet_library_warnings()
+    return run_command(lambda: _main(argv), PROG)
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    args = parse_args(argv)
+    if args.command == "new":
+        return new_project(args.name, args.directory)
+    return run_pipeline(args)
+
+
+# -- millstream new ---------------------------------------------------------------------------------
+def new_project(name: str, directory: str) -> int:
+    """Write the starter project `name` into directory/name, refusing to overwrite anything."""
+    if not _PROJECT_NAME.match(name):
+        raise UsageError(f"project name {name!r}: use 1-64 letters, digits, '_' or '-', starting with a letter")
+    parent = check_writable_directory(directory, "--directory")
+    target = os.path.join(parent, name)
+    if os.path.exists(target) and (not os.path.isdir(target) or os.listdir(target)):
+        raise UsageError(f"{target} already exists and is not empty; pick another name or --directory")
+    templates = resources.files("millstream") / "templates"
+    os.makedirs(target, exist_ok=True)
+    for filename, template in STARTER_FILES.items():
+        text = (templates / template).read_text(encoding="utf-8").format(name=name)
+        with open(os.path.join(target, filename), "w", encoding="utf-8") as out:
+            out.write(text)
+    shown = os.path.relpath(target)
+    print(f"created {shown}/ ({', '.join(STARTER_FILES)})")
+    print(f"next:  cd {shown} && python -m pytest test_pipeline.py && millstream run pipeline:pipeline")
+    return 0
+
+
+# -- millstream run ---------------------------------------------------------------------------------
+# `millstream run module:pipeline --root --master --fresh`: any user pipeline, validated like the
+# demos, on the SparkRunner (or the harness) with the demos' progress display.
+
+def load_pipeline(target: str) -> Pipeline:
+    """The Pipeline named by "module:attribute", or UsageError in one line."""
+    module_name, colon, attribute = target.partition(":")
+    if not colon or not module_name or not attribute:
+        raise UsageError(f"{target!r}: expected module:attribute, e.g. pipeline:pipeline")
+    # Like `python -m`: modules in the current directory come first.
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        if error.name and module_name.startswith(error.name):
+            raise UsageError(f"cannot import {module_name!r}: no such module here ({os.getcwd()}) or installed") from None
+        raise UsageError(f"cannot import {module_name!r}: {type(error).__name__}: {error}") from None
+    except SyntaxError as error:
+        raise UsageError(f"cannot import {module_name!r}: SyntaxError: {error.msg} ({error.filename}, line "
+                         f"{error.lineno})") from None
+    except Exception as error:
+        raise UsageError(f"cannot import {module_name!r}: {type(error).__name__}: {error}") from None
+    value: Any = module
+    for part in attribute.split("."):
+        if not hasattr(value, part):
+            names = sorted(n for n, v in vars(module).items() if isinstance(v, Pipeline))
+            hint = f"; it has the pipeline(s) {', '.join(names)}" if names else ""
+            raise UsageError(f"module {module_name!r} has no attribute {attribute!r}{hint}")
+        value = getattr(value, part)
+    if not isinstance(value, Pipeline):
+        hint = " (call it in the module and name the result)" if callable(value) else ""
+        kind = type(value).__name__
+        article = "an" if kind[:1].lower() in "aeiou" else "a"
+        raise UsageError(f"{target} is {article} {kind}, not a millstream.Pipeline{hint}")
+    try:
+        value.validate()
+    except PipelineError as error:
+        raise UsageError(f"{target}: {error}") from None
+    return value
+
+
+def run_pipeline(args: argparse.Namespace) -> int:
+    pipeline = load_pipeline(args.target)
+    if args.runner == "harness":
+        return _run_on_harness(pipeline, args)
+    root = check_writable_directory(args.root, "--root")
+    check_master(args.master)
+    try:
+        from millstream.spark.runner import SparkRunner
+    except ImportError as error:
+        raise UsageError(f"the Spark runner is not available ({error}); try --runner harness") from None
+    if args.fresh:
+        delete_for_fresh_start(root, "pipeline.json", "a millstream root")
+    try:
+        runner = SparkRunner(pipeline, root=root, master=args.master)
+    except PipelineError as error:  # e.g. the root holds a run of another pipeline
+        raise UsageError(str(error)) from None
+    print(f"running {args.target} on Spark ({args.master}); root {root}", flush=True)
+
+    def records_of(progress: Any) -> int:
+        return input_records(pipeline, lambda name: progress.computations[name].records
+                             if name in progress.computations else 0)
+
+    def snapshot(progress: Any, at_start: int) -> Snapshot:
+        injected = [i.low_watermark for i in progress.injectors.values()]
+        return snapshot_of_progress(progress, pipeline.topological_order(), records=records_of(progress),
+                                    records_at_start=at_start, newest_event=max(injected) if injected else None)
+
+    display = ProgressDisplay(waiting="starting Spark")
+    final = run_on_spark(runner, display, snapshot, records_of, timeout=args.timeout)
+    _print_summary(pipeline, final, display.elapsed())
+    return 0
+
+
+def _run_on_harness(pipeline: Pipeline, args: argparse.Namespace) -> int:
+    from millstream.testing import PipelineHarness
+
+    harness = PipelineHarness(pipeline)
+    print(f"running {args.target} in-process (harness: no Spark, sinks not written)", flush=True)
+
+    def snapshot(harness: Any) -> Snapshot:
+        return snapshot_of_harness(harness, records=input_records(pipeline, lambda n: harness.metrics(n).records))
+
+    display = ProgressDisplay()
+    final = run_on_harness(harness, display, snapshot, timeout=args.timeout)
+    _print_summary(pipeline, final, display.elapsed(), sinks_written=False)
+    for stream in sorted(s for s in pipeline.streams() if pipeline.producers(s)):
+        print(f"  {stream}: {len(harness.output(stream)):,} records")
+    return 0
+
+
+def _print_summary(pipeline: Pipeline, final: Snapshot, elapsed: float, sinks_written: bool = True) -> None:
+    rate = RateMeter.overall_of(elapsed, final.records_this_run)
+    late = ", ".join(f"{c.name} {c.late:,}" for c in final.computations)
+    dead = sum(c.dead_letters or 0 for c in final.computations)
+    print(f"done in {elapsed:.0f} s: {final.records_this_run:,} records in this run ({rate:,.0f}/s); "
+          f"late: {late}; dead letters: {dead:,}")
+    for sink in pipeline.sinks.values() if sinks_written else ():
+        print(f"  {sink.stream} -> {sink.path or sink.table or 'writer'}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
