@@ -19,7 +19,7 @@ import time
 from importlib import resources
 from typing import Any, Sequence
 
-from millstream.console.datadir import delete_for_fresh_start
+from millstream.console.datadir import check_fresh_start, delete_for_fresh_start
 from millstream.console.options import (
     OneLineArgumentParser,
     UsageError,
@@ -40,6 +40,7 @@ from millstream.console.running import (
 from millstream.model.pipeline import Pipeline, PipelineError
 
 PROG = "millstream"
+ROOT_MARKER = "pipeline.json"  # the SparkRunner writes it first into every root
 _PROJECT_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")  # also a valid pipeline name
 # What `millstream new` writes: file in the project <- template in millstream/templates.
 STARTER_FILES = {"pipeline.py": "starter_pipeline.py.txt", "test_pipeline.py": "starter_test.py.txt",
@@ -148,12 +149,14 @@ def run_pipeline(args: argparse.Namespace) -> int:
         return _run_on_harness(pipeline, args)
     root = check_writable_directory(args.root, "--root")
     check_master(args.master)
+    if args.fresh:
+        check_fresh_start(root, ROOT_MARKER, "a millstream root")
     try:
         from millstream.spark.runner import SparkRunner
     except ImportError as error:
         raise UsageError(f"the Spark runner is not available ({error}); try --runner harness") from None
     if args.fresh:
-        delete_for_fresh_start(root, "pipeline.json", "a millstream root")
+        delete_for_fresh_start(root, ROOT_MARKER, "a millstream root")
     try:
         runner = SparkRunner(pipeline, root=root, master=args.master)
     except PipelineError as error:  # e.g. the root holds a run of another pipeline

@@ -11,6 +11,10 @@ MODULES = [
     "millstream.windows.assigners",
     "millstream.windows.aggregators",
     "millstream.windows.aggregate",
+    "millstream.console.options",
+    "millstream.console.progress",
+    "millstream.console.datadir",
+    "millstream.apps.dips",
 ]
 
 

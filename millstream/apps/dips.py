@@ -19,7 +19,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from millstream.console.datadir import delete_for_fresh_start, settings_for_run
+from millstream.console.datadir import check_fresh_start, delete_for_fresh_start, settings_for_run
 from millstream.console.options import (
     OneLineArgumentParser,
     UsageError,
@@ -234,6 +234,8 @@ def _main(argv: list[str] | None) -> int:
     args = parse_args(argv)
     # Everything checked before anything is deleted, created or started.
     args.root = check_writable_directory(args.root, "--root")
+    if args.fresh:
+        check_fresh_start(args.root, (SETTINGS_FILE, "pipeline.json"), "a dips root")
     if args.runner == "spark":
         check_master(args.master)
         try:

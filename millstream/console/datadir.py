@@ -16,26 +16,30 @@ from typing import Any, Mapping, Sequence
 from millstream.console.options import UsageError
 
 
-def delete_for_fresh_start(directory: str, marker: str | tuple[str, ...], what: str) -> None:
-    """Delete `directory` (--fresh), but only if this command made it: it holds `marker` (one of
-    them) or is empty. Anything else is refused: --fresh must never delete a user's unrelated files.
+def check_fresh_start(directory: str, marker: str | tuple[str, ...], what: str) -> None:
+    """Refuse --fresh on a directory this command did not make: one that is not empty and holds
+    none of `marker`. --fresh must never delete a user's unrelated files.
 
     >>> import tempfile, pathlib; base = pathlib.Path(tempfile.mkdtemp())
     >>> (base / "notes.txt").write_text("mine")
     4
-    >>> delete_for_fresh_start(str(base), "config.json", "a Zeitgeist data dir")
+    >>> check_fresh_start(str(base), "config.json", "a Zeitgeist data dir")
     Traceback (most recent call last):
     ...
     millstream.console.options.UsageError: --fresh would delete ..., which is not a Zeitgeist data dir (no config.json in it); delete it yourself or pick another directory
     """
-    if not os.path.exists(directory):
-        return
     markers = (marker,) if isinstance(marker, str) else marker
     if (os.path.isdir(directory) and os.listdir(directory)
             and not any(os.path.exists(os.path.join(directory, m)) for m in markers)):
         raise UsageError(f"--fresh would delete {directory}, which is not {what} (no {' or '.join(markers)} in it); "
                          "delete it yourself or pick another directory")
-    shutil.rmtree(directory)
+
+
+def delete_for_fresh_start(directory: str, marker: str | tuple[str, ...], what: str) -> None:
+    """Delete `directory` for --fresh, after check_fresh_start."""
+    check_fresh_start(directory, marker, what)
+    if os.path.exists(directory):
+        shutil.rmtree(directory)
 
 
 def _flag(name: str, value: Any) -> str:

@@ -20,7 +20,7 @@ import time
 from dataclasses import replace
 from typing import Any, Callable
 
-from millstream.console.datadir import delete_for_fresh_start, settings_for_run
+from millstream.console.datadir import check_fresh_start, delete_for_fresh_start, settings_for_run
 from millstream.console.options import (
     OneLineArgumentParser,
     UsageError,
@@ -87,6 +87,8 @@ def asked_generator_options(args: argparse.Namespace) -> dict[str, Any]:
 def validate(args: argparse.Namespace) -> None:
     """Every check that needs no change on disk, before anything is deleted, created or started."""
     args.data_dir = check_writable_directory(args.data_dir, "--data-dir")
+    if args.fresh:
+        check_fresh_start(args.data_dir, CONFIG_FILE, "a Zeitgeist data dir")
     try:
         replace(ZeitgeistConfig(), **asked_generator_options(args))
     except ValueError as error:  # the generator's own limits (e.g. --day-seconds below 12), named as options

@@ -1,0 +1,65 @@
+"""`millstream new` writes a project whose own tests pass; `millstream run` refuses what is not a
+pipeline in one line, and runs one (on the harness here: no Spark in this suite)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+from types import ModuleType
+
+from clitools import assert_refused, run
+
+
+def _load(path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location("generated_pipeline", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_new_writes_a_project_whose_tests_pass(tmp_path) -> None:
+    made = run("millstream", "new", "clicks", "--directory", str(tmp_path))
+    assert made.code == 0, made.output
+    project = tmp_path / "clicks"
+    assert sorted(os.listdir(project)) == ["README.md", "pipeline.py", "test_pipeline.py"]
+    tested = run("pytest", "-q", "-p", "no:cacheprovider", "test_pipeline.py", cwd=str(project))
+    assert tested.code == 0, tested.output
+    assert "3 passed" in tested.stdout
+    ran = run("millstream", "run", "pipeline:pipeline", "--runner", "harness", cwd=str(project))
+    assert ran.code == 0, ran.output
+    assert "done in" in ran.stdout and "6,000 records in this run" in ran.stdout
+    sample = _load(project / "pipeline.py")
+    minutes = {(c.key, c.timestamp // sample.MINUTE_MS) for c in map(sample.sample_click, range(6_000))}
+    assert f"clicks_per_minute: {len(minutes)} records" in ran.stdout  # one per page and minute with clicks
+    # Refuses to write over it.
+    assert_refused(run("millstream", "new", "clicks", "--directory", str(tmp_path)), "already exists")
+
+
+def test_run_refuses_what_is_not_a_pipeline(tmp_path) -> None:
+    (tmp_path / "jobs.py").write_text("from millstream import Pipeline\nnot_a_pipeline = 42\n"
+                                      "def build():\n    return None\n")
+    (tmp_path / "broken.py").write_text("x = (\n")
+    cwd = str(tmp_path)
+    assert_refused(run("millstream", "run", "nosuch:pipeline", cwd=cwd), "cannot import 'nosuch'")
+    assert_refused(run("millstream", "run", "broken:x", cwd=cwd), "SyntaxError")
+    assert_refused(run("millstream", "run", "jobs:missing", cwd=cwd), "has no attribute 'missing'")
+    assert_refused(run("millstream", "run", "jobs:not_a_pipeline", cwd=cwd), "is an int, not a millstream.Pipeline")
+    assert_refused(run("millstream", "run", "jobs:build", cwd=cwd), "is a function")
+    assert_refused(run("millstream", "run", "jobs", cwd=cwd), "expected module:attribute")
+    assert_refused(run("millstream", "run", "jobs:x", "--master", "spark://127.0.0.1:1", cwd=cwd), "has no attribute")
+
+
+def test_run_checks_master_and_root_before_starting(tmp_path) -> None:
+    made = run("millstream", "new", "shop", "--directory", str(tmp_path))
+    assert made.code == 0, made.output
+    cwd = str(tmp_path / "shop")
+    assert_refused(run("millstream", "run", "pipeline:pipeline", "--master", "spark://127.0.0.1:1", cwd=cwd),
+                   "cannot reach Spark master")
+    assert_refused(run("millstream", "run", "pipeline:pipeline", "--root", "/proc/nope", cwd=cwd), "--root /proc/nope")
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep me")
+    assert_refused(run("millstream", "run", "pipeline:pipeline", "--fresh", "--root", str(tmp_path / "mine"), cwd=cwd),
+                   "not a millstream root")
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
