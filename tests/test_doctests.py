@@ -15,6 +15,7 @@ MODULES = [
     "millstream.console.progress",
     "millstream.console.datadir",
     "millstream.apps.dips",
+    "millstream.apps.zeitgeist.report",
 ]
 
 

@@ -77,66 +77,129 @@ def _smooth(values: np.ndarray, width: int) -> np.ndarray:
         return np.where(n > 0, total / n, np.nan)
 
 
+_AXES_WIDTH_PT = 11 * 72 * 0.78  # the traffic plot's axes, about 78% of its 11-inch figure
+_CHAR_WIDTH_PT = 4.4  # a 7-point character, on average
+
+
+def _label_position(x0: float, x1: float, right_edge: float, label: str) -> tuple[float, str]:
+    """Where a label of the interval [x0, x1] goes so it stays inside the plot: from the interval's
+    left edge, or, when it would run past the plot's right edge, ending at the interval's right edge.
+
+    >>> _label_position(1.0, 2.0, 12.0, "spike 4x")
+    (1.0, 'left')
+    >>> _label_position(11.0, 11.5, 12.0, "MISSED (required): spike 10x")
+    (11.5, 'right')
+    """
+    width = len(label) * _CHAR_WIDTH_PT / _AXES_WIDTH_PT * right_edge
+    return (x1, "right") if x0 + width > right_edge else (x0, "left")
+
+
 def traffic_plot(query: str, series: dict[str, np.ndarray], truth: Sequence[Anomaly], detections: Sequence[Detection],
-                 bursts: Sequence[DelayedBurst], config: ZeitgeistConfig) -> str:
+                 bursts: Sequence[DelayedBurst], config: ZeitgeistConfig, missed: Sequence[Anomaly] = ()) -> str:
+    return _png(traffic_figure(query, series, truth, detections, bursts, config, missed))
+
+
+def traffic_figure(query: str, series: dict[str, np.ndarray], truth: Sequence[Anomaly],
+                   detections: Sequence[Detection], bursts: Sequence[DelayedBurst], config: ZeitgeistConfig,
+                   missed: Sequence[Anomaly] = ()) -> Any:
+    """Traffic against the model for one query. Above the traffic, in bands of their own so they
+    never cover it: the detected episodes (bars), then the injected anomalies' labels; a missed
+    anomaly is outlined and labelled MISSED. The legend sits below the plot."""
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(11, 2.6))
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    fig, ax = plt.subplots(figsize=(11, 2.9))
     minutes = np.arange(config.seconds) / 60.0
+    right_edge = config.seconds / 60
     width = 5
-    ax.plot(minutes, _smooth(series["count"], width), color="#444444", lw=0.8, label=f"searches/s ({width}-s mean)")
+    smoothed = _smooth(series["count"], width)
+    ax.plot(minutes, smoothed, color="#444444", lw=0.8)
     expected = np.where(series["ready"], series["expected"], np.nan)
-    ax.plot(minutes, expected, color="#2ca02c", lw=1.2, label="model expectation")
-    top = np.nanmax(_smooth(series["count"], width)) if np.isfinite(series["count"]).any() else 1.0
+    ax.plot(minutes, expected, color="#2ca02c", lw=1.2)
+    top = float(np.nanmax(smoothed)) if np.isfinite(smoothed).any() else 1.0
     top = max(top, 1.0)
+    bar_y, label_y = top * 1.12, top * 1.2
+    missed_ids = {id(a) for a in missed}
     for a in truth:
         color = SPIKE_COLOR if a.kind == "spike" else DIP_COLOR
         x0, x1 = (a.start - config.start_ms) / 60000, (a.end - config.start_ms) / 60000
-        ax.axvspan(x0, x1, color=color, alpha=0.18, lw=0)
+        ax.axvspan(x0, x1, ymax=1 / 1.35, color=color, alpha=0.18, lw=0)
         label = f"{a.cause} {a.magnitude:g}{'x' if a.kind == 'spike' else ''}"
-        ax.text(x0, top * 1.02, label, fontsize=7, color=color, va="bottom")
+        if id(a) in missed_ids:
+            ax.axvspan(x0, x1, ymax=1 / 1.35, facecolor="none", edgecolor="#c00000", hatch="x", lw=1.5)
+            label = f"MISSED{' (required)' if required(a) else ''}: {label}"
+        x, align = _label_position(x0, x1, right_edge, label)
+        ax.text(x, label_y, label, fontsize=7, color="#c00000" if id(a) in missed_ids else color, va="bottom",
+                ha=align, clip_on=True, fontweight="bold" if id(a) in missed_ids else "normal")
     for b in bursts:
         if query in b.queries:
             x0, x1 = (b.start - config.start_ms) / 60000, (b.end - config.start_ms) / 60000
-            ax.axvspan(x0, x1, color="#ff7f0e", alpha=0.12, lw=0, hatch="//")
-            ax.text(x0, top * 0.9, f"delayed {b.delay_ms // 1000}s", fontsize=7, color="#ff7f0e")
+            ax.axvspan(x0, x1, ymax=1 / 1.35, color="#ff7f0e", alpha=0.12, lw=0, hatch="//")
+            x, align = _label_position(x0, x1, right_edge, f"delayed {b.delay_ms // 1000}s")
+            ax.text(x, top * 0.92, f"delayed {b.delay_ms // 1000}s", fontsize=7, color="#ff7f0e", ha=align,
+                    clip_on=True)
     for d in detections:
         color = SPIKE_COLOR if d.kind == "spike" else DIP_COLOR
         x0, x1 = (d.start - config.start_ms) / 60000, (d.end - config.start_ms) / 60000
-        ax.plot([x0, x1], [top * 1.12, top * 1.12], color=color, lw=4, solid_capstyle="butt")
-    ax.set_ylim(0, top * 1.25)
-    ax.set_xlim(0, config.seconds / 60)
+        ax.plot([x0, x1], [bar_y, bar_y], color=color, lw=4, solid_capstyle="butt")
+    ax.set_ylim(0, top * 1.35)
+    ax.set_xlim(0, right_edge)
     ax.set_title(query, fontsize=10, loc="left")
     ax.set_xlabel("event time (minutes from start)", fontsize=8)
+    ax.set_ylabel("searches / s", fontsize=8)
     ax.tick_params(labelsize=8)
-    ax.legend(fontsize=7, loc="upper right", ncol=3, framealpha=0.6)
-    return _png(fig)
+    handles = [Line2D([], [], color="#444444", lw=0.8, label=f"searches/s ({width}-s mean)"),
+               Line2D([], [], color="#2ca02c", lw=1.2, label="model expectation"),
+               Patch(color=SPIKE_COLOR, alpha=0.3, label="injected spike"),
+               Patch(color=DIP_COLOR, alpha=0.3, label="injected dip"),
+               Line2D([], [], color="#555555", lw=4, label="detected episode (bar)")]
+    if missed_ids & {id(a) for a in truth}:
+        handles.append(Patch(facecolor="none", edgecolor="#c00000", hatch="x", label="missed"))
+    ax.legend(handles=handles, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.24), ncol=len(handles),
+              frameon=False)
+    return fig
 
 
 def watermark_plot(history: Sequence[dict[str, Any]], computations: Sequence[str]) -> str | None:
-    """Each computation's low watermark lag behind the newest event time injected, over wall time."""
+    fig = watermark_figure(history, computations)
+    return None if fig is None else _png(fig)
+
+
+def watermark_figure(history: Sequence[dict[str, Any]], computations: Sequence[str]) -> Any:
+    """Each computation's low watermark lag behind the newest event time injected, over wall time.
+    Stages often share a watermark (their lines coincide): each is drawn thinner than the one before,
+    so every line stays visible as a coloured edge, and the injector's on top, dashed black. The
+    legend sits beside the plot, never over a peak."""
     if not history:
         return None
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(11, 3.2))
     t0 = history[0]["wall_ms"]
     x = np.array([(h["wall_ms"] - t0) / 1000 for h in history])
-    names = ["injector"] + list(computations)
-    for name in names:
-        lags = []
+
+    def lags(name: str) -> list[float]:
+        values = []
         for h in history:
             wm = h["injector_wm"] if name == "injector" else h["watermarks"].get(name)
-            if wm is None or wm >= END_OF_TIME or wm <= 0 or h["max_event"] <= 0:
-                lags.append(np.nan)
+            max_event = h.get("max_event") or 0
+            if wm is None or wm >= END_OF_TIME or wm <= 0 or max_event <= 0:
+                values.append(np.nan)
             else:
-                lags.append((h["max_event"] - wm) / 1000)
-        ax.plot(x, lags, lw=1.2 if name != "injector" else 0.8, ls="-" if name != "injector" else "--", label=name)
+                values.append((max_event - wm) / 1000)
+        return values
+
+    widths = np.linspace(14.0, 3.0, len(computations)) if len(computations) > 1 else [2.0]
+    for name, lw in zip(computations, widths):
+        ax.plot(x, lags(name), lw=lw, label=name, solid_capstyle="round")
+    ax.plot(x, lags("injector"), lw=1.3, ls="--", color="black", label="injector", zorder=5)
     ax.set_xlabel("wall time since start of the run (s)", fontsize=8)
     ax.set_ylabel("lag (s of event time)", fontsize=8)
     ax.set_title("low watermark lag behind the newest event injected", fontsize=10, loc="left")
     ax.tick_params(labelsize=8)
-    ax.legend(fontsize=7, ncol=5)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     ax.grid(alpha=0.3)
-    return _png(fig)
+    return fig
 
 
 def write_report(path: str, config: ZeitgeistConfig, evaluation: Evaluation, detections: Sequence[Detection],
@@ -188,16 +251,20 @@ def write_report(path: str, config: ZeitgeistConfig, evaluation: Evaluation, det
                   "<p>How far each computation's low watermark trails the newest event time injected so far. "
                   "The injector's watermark waits for delayed events (the delayed burst shows as a plateau); "
                   "each stage adds its own pending work (the Windower holds one open second per query). With "
-                  "weak_windower the Windower runs fused into the ModelCalculator's query and they share a line.</p>",
+                  "weak_windower the Windower runs fused into the ModelCalculator's query and they share a line. Stages "
+                  "that share a watermark draw on top of each other: each is thinner than the one before, and the "
+                  "injector is the dashed black line.</p>",
                   f"<img src='data:image/png;base64,{lag_png}'>"]
     parts += ["<h2>Traffic and model of flagged queries</h2>",
               "<p>Grey: searches per second; green: the model's expectation (drawn once the model is ready); "
               "shaded: injected anomalies (red spikes, blue dips, orange hatched: delayed delivery only); bars "
-              "above: detected episodes (red spikes, blue dips).</p>"]
+              "above: detected episodes (red spikes, blue dips); outlined in red and labelled MISSED: an injected "
+              "anomaly no detection matched.</p>"]
     for query in shown:
         if query not in series:
             continue
-        png = traffic_plot(query, series[query], truth_by_query[query], det_by_query[query], bursts, config)
+        png = traffic_plot(query, series[query], truth_by_query[query], det_by_query[query], bursts, config,
+                           missed=[a for a, found in evaluation.matched if not found and a.query == query])
         parts.append(f"<img src='data:image/png;base64,{png}'>")
     parts += ["<h2>Detected episodes</h2>", "<table><tr><th>query</th><th>kind</th><th>start (s)</th>"
               "<th>end (s)</th><th>magnitude</th><th>score</th><th>early</th><th>matches</th></tr>"]
