@@ -12,14 +12,15 @@ from __future__ import annotations
 import random
 import zlib
 from collections import defaultdict
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 
 from millstream import END_OF_TIME, Pipeline, Record, ScriptedInjector
 from millstream.testing import PipelineHarness
 from millstream.windows import (
-    Collect, Count, Fold, Max, Min, SlidingWindows, Sum, TumblingWindows, Window, WindowAggregate,
+    Aggregator, Collect, Count, Fold, LatePolicy, Max, Min, SlidingWindows, Sum, TumblingWindows, Window,
+    WindowAggregate,
 )
 
 KEYS = ("alpha", "beta", "gamma", "delta")
@@ -59,7 +60,7 @@ def mean_fold() -> Fold[float, tuple[int, float], float]:
                 finish=lambda acc: round(acc[1] / acc[0], 6))
 
 
-AGGREGATORS = {
+AGGREGATORS: dict[str, tuple[Aggregator[Any, Any, Any], Callable[[list[int]], Any]]] = {
     "count": (Count(), lambda values: len(values)),
     "sum": (Sum(), lambda values: sum(values)),
     "min": (Min[int](), min),
@@ -99,7 +100,7 @@ def oracle(assigner: Any, batches: list[tuple[list[Record[Any]], int]]) -> tuple
     return windows, late
 
 
-def build(assigner: Any, late: str) -> Pipeline:
+def build(assigner: Any, late: LatePolicy) -> Pipeline:
     pipeline = Pipeline("windows").add_injector("src", ScriptedInjector("src", []), "events")
     for name, (aggregator, _) in AGGREGATORS.items():
         computation = WindowAggregate(assigner, aggregator, f"{name}_out", select=lambda r: r.value["n"],
@@ -141,7 +142,7 @@ ASSIGNERS = {
 
 @pytest.mark.parametrize("late_policy", ["drop", "side"])
 @pytest.mark.parametrize("kind", sorted(ASSIGNERS))
-def test_windows_equal_the_oracle_at_every_input_point(kind: str, late_policy: str) -> None:
+def test_windows_equal_the_oracle_at_every_input_point(kind: str, late_policy: LatePolicy) -> None:
     assigner = ASSIGNERS[kind]
     batches = make_batches(seed=zlib.crc32(f"{kind}/{late_policy}".encode()))
     windows, late = oracle(assigner, batches)

@@ -60,7 +60,7 @@ class Windower(WindowAggregate[Any, int, int]):
 
 
 class DipDetector(Computation):
-    counts = MapState("counts")  # bucket start -> window count
+    counts = MapState[int, int]("counts")  # bucket start -> window count
 
     def process_record(self, ctx: Context, record: Record) -> None:
         bucket = record.value["bucket"]

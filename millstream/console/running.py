@@ -78,7 +78,7 @@ def snapshot_of_harness(harness: Any, computations: Sequence[str] | None = None,
 # -- running ----------------------------------------------------------------------------------------
 def log_files(runner: Any) -> tuple[str, str]:
     """Where the Spark runner keeps the JVM's output and the failures' full traces."""
-    directory = getattr(runner, "log_dir", None) or getattr(runner, "root", ".")
+    directory = str(getattr(runner, "log_dir", None) or getattr(runner, "root", "."))
     return os.path.join(directory, "spark.log"), os.path.join(directory, "errors.log")
 
 

@@ -21,7 +21,7 @@ twice, and the output does not depend on how the runner batches the input.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Generic, Literal, TypeVar
+from typing import Any, Callable, Generic, Literal, TypeVar, cast
 
 from millstream.model.codecs import JsonCodec, PickleCodec
 from millstream.model.computation import Computation, Context
@@ -125,8 +125,10 @@ class WindowAggregate(Computation, Generic[In, Acc, Out]):
         value = self.select(record)
         aggregator = self.aggregator
         for window in self.windows.windows_of(record.timestamp):
-            accumulator = accumulators.get(window.start)
-            if accumulator is None and not accumulators.contains(window.start):
+            # An accumulator may itself be None (Min's before its first value): ask for the entry.
+            if accumulators.contains(window.start):
+                accumulator = cast(Acc, accumulators.get(window.start))
+            else:
                 accumulator = aggregator.init()
                 ctx.set_timer(f"{_TIMER_PREFIX}{window.start}", window.end)
             accumulators.put(window.start, aggregator.add(accumulator, value))
@@ -139,7 +141,7 @@ class WindowAggregate(Computation, Generic[In, Acc, Out]):
         if not accumulators.contains(start):
             return
         window = self.windows.window_at(start)
-        result = self.aggregator.finish(accumulators.get(start))
+        result = self.aggregator.finish(cast(Acc, accumulators.get(start)))
         ctx.produce(Record(ctx.key, self.output_value(window, result), window.end), self.output_stream)
         accumulators.remove(start)
 

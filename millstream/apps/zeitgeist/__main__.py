@@ -246,7 +246,8 @@ def _main(argv: list[str] | None) -> int:
     pipeline = build_pipeline(PipelineConfig(generator=config, output_dir=args.data_dir if args.runner == "spark" else None,
                                              records_per_second=args.records_per_second,
                                              weak_windower=args.weak_windower))
-    injector: ZeitgeistInjector = pipeline.injectors[INJECTOR].injector
+    injector = pipeline.injectors[INJECTOR].injector
+    assert isinstance(injector, ZeitgeistInjector)
     total = len(injector.log)  # generated here, counted exactly
     print(f"Zeitgeist: {describe(config, events=total)}")
     resuming = resumed and args.runner == "spark" and os.path.exists(os.path.join(args.data_dir, "run"))
