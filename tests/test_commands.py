@@ -152,9 +152,15 @@ def test_a_pipeline_failure_keeps_the_runners_message(tmp_path, quiet_display) -
     class MillstreamRunError(RuntimeError):
         pass
 
-    error = MillstreamRunError("computation 'count' failed: KeyError: 'user' (full trace in /x/errors.log)")
-    with pytest.raises(RunFailed, match=r"KeyError: 'user' \(full trace in /x/errors.log\); the checkpoint is intact"):
+    # As the SparkRunner words it: what failed, the user's traceback, where the full trace is.
+    error = MillstreamRunError("computation 'count' failed on stream 'clicks', key 'u1': KeyError: 'user'\n"
+                               "Traceback (most recent call last):\n  File \"job.py\", line 9\n"
+                               "(full trace in /x/errors.log)")
+    with pytest.raises(RunFailed) as failed:
         run_on_spark(FakeRunner(str(tmp_path), 0, 10, error), quiet_display, _snapshot, _records)
+    assert str(failed.value) == ("computation 'count' failed on stream 'clicks', key 'u1': KeyError: 'user' "
+                                 "(full trace in /x/errors.log); the checkpoint is intact: fix it and run the same "
+                                 "command again to resume")
 
 
 def test_rate_after_a_resume_counts_only_this_runs_records(tmp_path, quiet_display) -> None:

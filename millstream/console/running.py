@@ -109,9 +109,11 @@ def run_on_spark(runner: Any, display: ProgressDisplay, snapshot: Callable[[Any,
     except TimeoutError:
         raise RunFailed(f"not finished after {timeout:g} s; run the same command again to continue") from None
     except Exception as error:
-        if type(error).__name__ == "MillstreamRunError":  # the runner's own one-line report
-            raise RunFailed(f"{_first_line(error)}; the checkpoint is intact: fix it and run the same command "
-                            "again to resume") from None
+        if type(error).__name__ == "MillstreamRunError":  # the runner's own report: what failed, where the trace is
+            lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+            pointer = f" {lines[-1]}" if len(lines) > 1 and "errors.log" in lines[-1] else ""
+            raise RunFailed(f"{_first_line(error)}{pointer}; the checkpoint is intact: fix it and run the same "
+                            "command again to resume") from None
         _append_trace(errors_log, error)
         raise RunFailed(f"Spark failed: {_first_line(error)} (details in {spark_log} and {errors_log})") from None
     return final
