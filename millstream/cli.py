@@ -106,7 +106,13 @@ def new_project(name: str, directory: str) -> int:
 # demos, on the SparkRunner (or the harness) with the demos' progress display.
 
 def load_pipeline(target: str) -> Pipeline:
-    """The Pipeline named by "module:attribute", or UsageError in one line."""
+    """The Pipeline named by "module:attribute", or UsageError in one line.
+
+    >>> load_pipeline("millstream:Pipeline")
+    Traceback (most recent call last):
+    ...
+    millstream.console.options.UsageError: millstream:Pipeline is a type, not a millstream.Pipeline (call it in the module and name the result)
+    """
     module_name, colon, attribute = target.partition(":")
     if not colon or not module_name or not attribute:
         raise UsageError(f"{target!r}: expected module:attribute, e.g. pipeline:pipeline")

@@ -16,6 +16,7 @@ MODULES = [
     "millstream.console.datadir",
     "millstream.apps.dips",
     "millstream.apps.zeitgeist.report",
+    "millstream.cli",
 ]
 
 

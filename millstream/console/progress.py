@@ -64,7 +64,11 @@ def format_duration(ms: float | None) -> str:
 @dataclass(frozen=True)
 class ComputationStatus:
     """One computation as the display shows it. `dead_letters` is None when the runner does not
-    report them."""
+    report them.
+
+    >>> ComputationStatus("windower", 1_000, records=5, late=1).dead_letters is None
+    True
+    """
 
     name: str
     low_watermark: int
@@ -78,7 +82,12 @@ class Snapshot:
     """Everything one redraw shows. `records` counts the input records read so far over the whole
     run (resumed runs included); `records_at_start` what had been read before this process started,
     so rates cover this run only. `newest_event`: the newest event time read (lags are measured from
-    it; None: no lags). `totals`: extra (label, value) pairs, e.g. anomalies so far."""
+    it; None: no lags). `totals`: extra (label, value) pairs, e.g. anomalies so far.
+
+    >>> s = Snapshot(130, (ComputationStatus("count", 1_000, 130, 0),), records_at_start=100, newest_event=2_500)
+    >>> s.records_this_run, s.lag(s.computations[0])
+    (30, 1500.0)
+    """
 
     records: int
     computations: tuple[ComputationStatus, ...]
@@ -222,7 +231,17 @@ class ProgressDisplay:
     """Shows Snapshots as they come (`update`); `close()` leaves the last one on screen.
 
     Use as a context manager around the run. `live=None` picks the live display on a terminal and
-    plain lines otherwise."""
+    plain lines otherwise.
+
+    >>> import io
+    >>> out = io.StringIO()
+    >>> with ProgressDisplay(stream=out, live=False, waiting="starting Spark") as display:
+    ...     display.update(Snapshot(10, (ComputationStatus("count", 1_000, 10, 0),), total=20))
+    >>> print(out.getvalue())
+    [0s] starting Spark ...
+    [0s] records 10/20 (50%) ... | count 00:00:01.0 in 10 late 0
+    <BLANKLINE>
+    """
 
     def __init__(self, stream: IO[str] | None = None, live: bool | None = None, plain_every: float = 10.0,
                  unit: str = "records", waiting: str = "starting", refresh_per_second: float = 4.0) -> None:

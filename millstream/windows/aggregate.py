@@ -112,7 +112,12 @@ class WindowAggregate(Computation, Generic[In, Acc, Out]):
 
     @property
     def outputs(self) -> list[str]:
-        """The streams this computation produces: pass as add_computation's `outputs`."""
+        """The streams this computation produces: pass as add_computation's `outputs`.
+
+        >>> from millstream.windows import Count, TumblingWindows
+        >>> WindowAggregate(TumblingWindows(1_000), Count(), "counts", late="side", late_stream="late").outputs
+        ['counts', 'late']
+        """
         return [self.output_stream] + ([self.late_stream] if self.late_stream is not None else [])
 
     def process_record(self, ctx: Context, record: Record[Any]) -> None:

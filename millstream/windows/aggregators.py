@@ -21,7 +21,16 @@ Out_co = TypeVar("Out_co", covariant=True)
 
 
 class Aggregator(Protocol[In_contra, Acc, Out_co]):
-    """The fold a WindowAggregate runs per key and window."""
+    """The fold a WindowAggregate runs per key and window: any object with these three methods.
+
+    >>> class Average:
+    ...     def init(self): return [0, 0.0]
+    ...     def add(self, acc, value): return [acc[0] + 1, acc[1] + value]
+    ...     def finish(self, acc): return acc[1] / acc[0]
+    >>> avg = Average()
+    >>> avg.finish(avg.add(avg.add(avg.init(), 1.0), 4.0))
+    2.5
+    """
 
     def init(self) -> Acc: ...
 

@@ -34,7 +34,11 @@ class Window:
 @runtime_checkable
 class WindowAssigner(Protocol):
     """Maps a timestamp to the windows containing it (oldest first) and a window start back to its
-    window (window state is stored by start)."""
+    window (window state is stored by start). TumblingWindows and SlidingWindows are assigners.
+
+    >>> isinstance(TumblingWindows(1_000), WindowAssigner)
+    True
+    """
 
     def windows_of(self, timestamp: int) -> list[Window]: ...
 
