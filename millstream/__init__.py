@@ -2,6 +2,7 @@
 
 from millstream.injectors.files import FileInjector
 from millstream.injectors.generator import GeneratorInjector
+from millstream.injectors.kafka import KafkaInjector, KafkaInjectorError, KafkaMessage
 from millstream.injectors.scripted import ScriptedInjector
 from millstream.model.codecs import BytesCodec, Codec, CodecError, JsonCodec, PickleCodec, StrCodec
 from millstream.model.computation import Computation, ComputationInfo, Context
@@ -13,6 +14,7 @@ from millstream.model.state import ListState, MapState, ValueState
 __all__ = [
     "BEGINNING_OF_TIME", "DEAD_LETTERS", "END_OF_TIME", "BytesCodec", "Codec", "CodecError", "Computation",
     "ComputationInfo", "Context", "ErrorPolicy", "FileInjector", "GeneratorInjector", "Injector", "JsonCodec",
+    "KafkaInjector", "KafkaInjectorError", "KafkaMessage",
     "ListState", "Malformed", "MapState", "Offset", "PickleCodec", "Pipeline", "PipelineError", "Production",
     "Record", "ScriptedInjector", "StrCodec", "TimeDomain", "Timer", "ValueState",
 ]
