@@ -450,6 +450,31 @@ def test_multi_record_batches_are_read_exactly_once_across_capped_reads(broker):
                                                                    1_700_000_100_000)]
 
 
+def _read_in_child(injector: KafkaInjector, partition: str, results: Any) -> None:
+    results.put([r.id for r in read_all(injector, partition)[0]])
+
+
+def test_a_forked_worker_reads_with_its_own_connections(broker):
+    """Spark's Python workers are forked, and get the injector pickled: the parent's pooled consumers
+    (whose threads do not survive a fork) must not be used there."""
+    import multiprocessing
+
+    topic = broker.create_topic(1)
+    sent = produce(broker, topic, [(0, "k", b"{}", 1_000 + i) for i in range(6)])
+    injector = KafkaInjector(topic, broker.bootstrap, max_out_of_orderness_ms=0)
+    read_all(injector, "0")  # the parent now holds pooled consumers
+    context = multiprocessing.get_context("fork")
+    results = context.Queue()
+    child = context.Process(target=_read_in_child, args=(pickle.loads(pickle.dumps(injector)), "0", results))
+    child.start()
+    child.join(timeout=30)
+    if child.is_alive():
+        child.kill()
+        child.join()
+    assert child.exitcode == 0, "the forked reader failed or hung"
+    assert results.get(timeout=5) == [f"{topic}:0:{s.offset}" for s in sent]
+
+
 def test_a_range_beyond_the_partition_fails_after_the_timeout_instead_of_hanging(broker):
     topic = broker.create_topic(1)
     produce(broker, topic, [(0, "k", b"{}", 1)])

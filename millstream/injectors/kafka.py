@@ -134,11 +134,16 @@ class _ConsumerPool:
         self._lock = threading.Lock()
         self._idle: dict[tuple[tuple[str, str], ...], list[Any]] = {}
         self._all: list[Any] = []
+        self._pid = os.getpid()
 
     @contextlib.contextmanager
     def lend(self, settings: Mapping[str, Any]) -> Iterator[Any]:
         key = tuple(sorted((name, str(value)) for name, value in settings.items()))
         with self._lock:
+            if os.getpid() != self._pid:
+                # A forked child (Spark's Python workers fork from a daemon) inherits the parent's
+                # consumers without their threads: unusable, and closing them could hang. Start afresh.
+                self._idle, self._all, self._pid = {}, [], os.getpid()
             idle = self._idle.setdefault(key, [])
             consumer = idle.pop() if idle else None
         if consumer is None:
@@ -173,12 +178,15 @@ class KafkaInjector(Injector):
     """Reads a Kafka topic, one injector partition per topic partition (see the module doc for the
     offsets, the watermark policy and where credentials come from).
 
-    Example (needs a reachable broker)::
+    Example (needs a reachable broker, so it is not a doctest)::
 
         from millstream import KafkaInjector, Pipeline
+        # Event time from the JSON value's "ts"; a click arrives at most 5 s behind a later one.
         clicks = KafkaInjector("clicks", "broker-1:9092", max_out_of_orderness_ms=5_000,
                                timestamp=lambda message: message.value["ts"])
-        pipeline = Pipeline("p").add_injector("clicks", clicks, "clicks") ...
+        pipeline = (Pipeline("clicks-per-user")
+                    .add_injector("clicks", clicks, "clicks")
+                    .add_computation("count", CountPerUser(), {"clicks": lambda r: r.value["user"]}))
 
     Arguments:
         topic: the topic to read.
@@ -226,6 +234,9 @@ class KafkaInjector(Injector):
         if not (starting_offsets in ("earliest", "latest") or isinstance(starting_offsets, Mapping)):
             raise ValueError(f"starting_offsets must be 'earliest', 'latest' or {{partition: offset}}, "
                              f"got {starting_offsets!r}")
+        if isinstance(starting_offsets, Mapping) and any(int(o) < 0 for o in starting_offsets.values()):
+            # librdkafka reads negative offsets as logical positions (-1 end, -2 beginning).
+            raise ValueError(f"starting offsets must be >= 0, got {dict(starting_offsets)!r}")
         if max_records_per_read < 1:
             raise ValueError("max_records_per_read must be >= 1")
         self.topic = topic
