@@ -14,6 +14,7 @@ is there, never more, until the next batch; `test_multi_record_batches_...` cove
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import os
 import pickle
@@ -47,6 +48,16 @@ BOUND_MS = 3_000  # the declared max out-of-orderness of the data these tests pr
 
 
 # -- the broker ------------------------------------------------------------------------------------
+def _die_with_parent() -> None:
+    """In the broker's process: be stopped if the test process dies without its teardown (killed)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+
+
 class Broker:
     """A Tansu broker process on a free port of 127.0.0.1, in-memory storage, cwd in a temp dir."""
 
@@ -69,7 +80,7 @@ class Broker:
         self.process = subprocess.Popen(
             [self.binary, "broker", "--listener-url", self.url, "--advertised-listener-url", self.url,
              "--storage-engine", "memory://tansu/"],
-            cwd=workdir, stdout=self._log, stderr=subprocess.STDOUT)
+            cwd=workdir, stdout=self._log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
         self._wait_ready()
 
     def _wait_ready(self, timeout_s: float = 20.0) -> None:

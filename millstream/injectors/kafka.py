@@ -289,7 +289,7 @@ class KafkaInjector(Injector):
         if start["next"] < low:
             raise KafkaInjectorError(
                 f"records {start['next']}..{low - 1} of {self.topic}:{number} were deleted by the broker "
-                f"(retention or compaction of the log start) before this pipeline read them")
+                f"(retention, or a DeleteRecords request) before this pipeline read them")
         cap = self.max_records_per_read if max_records is None else min(max_records, self.max_records_per_read)
         end = min(high, start["next"] + max(0, cap))
         if end <= start["next"]:
