@@ -175,7 +175,7 @@ class _PostgresTransaction(ShardTransaction):
         self._config_cache = config_cache
 
     def execute(self, query: str, params: Sequence[Any] | None = None) -> "psycopg.Cursor[Any]":
-        return self._connection.execute(query, params)  # type: ignore[arg-type]
+        return self._connection.execute(query, params)
 
     def _table(self, shard: int) -> str:
         return f'"{self._ns}_shard_{int(shard)}"'
@@ -203,7 +203,7 @@ class _PostgresTransaction(ShardTransaction):
         self.execute(f"CREATE INDEX IF NOT EXISTS {index} ON {table} (event_time_ms)")
 
     def find(self, shard: int, ids: Sequence[str]) -> dict[str, Token]:
-        rows = self.execute(f"SELECT id, token FROM {self._table(shard)} WHERE id = ANY(%s)", (list(ids),))
+        rows = self.execute(f"SELECT id, token FROM {self._table(shard)} WHERE id = ANY(%b)", (list(ids),))
         return {click_id: Token.decode(token) for click_id, token in rows}
 
     def claim(self, shard: int, claims: Sequence[Claim]) -> dict[str, Token]:
@@ -212,9 +212,11 @@ class _PostgresTransaction(ShardTransaction):
         # return the id of a retry; a conflict with another token updates nothing and returns nothing.
         mine = {row[0] for row in self.execute(
             f"INSERT INTO {self._table(shard)} AS registry (id, token, event_time_ms) "
-            f"SELECT * FROM unnest(%s::text[], %s::text[], %s::bigint[]) "
+            f"SELECT * FROM unnest(%b::text[], %b::text[], %b::bigint[]) "
             f"ON CONFLICT (id) DO UPDATE SET token = registry.token WHERE registry.token = EXCLUDED.token "
             f"RETURNING id",
+            # %b: binary parameters. In text format psycopg escapes every array element with a regex,
+            # which costs more than the statement itself for batches of thousands.
             ([c.click_id for c in claims], [c.token.encode() for c in claims], [c.event_time_ms for c in claims]))}
         owners = {claim.click_id: claim.token for claim in claims if claim.click_id in mine}
         taken = [claim.click_id for claim in claims if claim.click_id not in mine]

@@ -14,7 +14,7 @@ import bisect
 import enum
 import json
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
 from millstream.model.records import BEGINNING_OF_TIME
@@ -42,11 +42,17 @@ class Token:
 
     owner: str
     attempt: str
+    _encoded: str = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # JSON keeps the encoding unambiguous whatever characters owner and attempt contain, and
+        # equal tokens always encode to equal strings, which is what the database compares. Computed
+        # once: a joiner sends the same token with every claim of an attempt.
+        object.__setattr__(self, "_encoded", json.dumps([self.owner, self.attempt], separators=(",", ":"),
+                                                        ensure_ascii=False))
 
     def encode(self) -> str:
-        # JSON keeps the encoding unambiguous whatever characters owner and attempt contain, and
-        # equal tokens always encode to equal strings, which is what the database compares.
-        return json.dumps([self.owner, self.attempt], separators=(",", ":"), ensure_ascii=False)
+        return self._encoded
 
     @classmethod
     def decode(cls, text: str) -> "Token":
@@ -154,6 +160,7 @@ class ShardingConfig:
     """
 
     entries: tuple[ShardingEntry, ...]
+    _starts: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.entries or self.entries[0].effective_from_ms != BEGINNING_OF_TIME:
@@ -163,10 +170,10 @@ class ShardingConfig:
             raise ValueError("sharding entries must have strictly increasing effective times")
         if any(entry.shard_count < 1 for entry in self.entries):
             raise ValueError("a shard count must be at least 1")
+        object.__setattr__(self, "_starts", tuple(starts))  # routing runs once per claim
 
     def entry_at(self, event_time_ms: int) -> ShardingEntry:
-        starts = [entry.effective_from_ms for entry in self.entries]
-        return self.entries[bisect.bisect_right(starts, event_time_ms) - 1]
+        return self.entries[bisect.bisect_right(self._starts, event_time_ms) - 1]
 
     def shard_for(self, click_id: str, event_time_ms: int) -> int:
         return shard_of(click_id, self.entry_at(event_time_ms).shard_count)

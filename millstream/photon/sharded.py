@@ -123,7 +123,7 @@ class PerThreadConnections(Generic[C]):
         self._closed = False
 
     def get(self) -> C:
-        holder = getattr(self._local, "holder", None)
+        holder: _ConnectionHolder[C] | None = getattr(self._local, "holder", None)
         if holder is None or holder._closed:
             if self._closed:
                 raise RegistryError("the registry is closed")
@@ -287,8 +287,10 @@ class ShardedSqlRegistry(IdRegistry):
         meta = self._run(LockMode.EXCLUSIVE, move_boundary)
         deleted = 0
         for shard in range(meta.sharding.max_shard_count):
-            deleted += self._run(LockMode.SHARED,
-                                 lambda txn, shard=shard: txn.delete_older_than(shard, meta.gc_boundary_ms))
+            def delete_behind(txn: ShardTransaction, shard: int = shard) -> int:
+                return txn.delete_older_than(shard, meta.gc_boundary_ms)
+
+            deleted += self._run(LockMode.SHARED, delete_behind)
         return GcResult(meta.gc_boundary_ms, deleted)
 
     def gc_boundary(self) -> int:
