@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sqlite3
 import threading
 from collections import OrderedDict
@@ -35,6 +36,9 @@ Event = dict[str, Any]
 """A primary event: any JSON object."""
 
 LOG_MAP_FILE = "log-map.sqlite"
+
+
+_LOG_FILE = re.compile(r"events-(\d{8})\.jsonl")
 
 
 def log_file_name(file_seq: int) -> str:
@@ -179,8 +183,8 @@ class EventLogWriter:
         self.flush_every_events = flush_every_events
         self.cache = cache
         self._map = _open_log_map(self.directory)
-        existing = [name for name in os.listdir(self.directory) if name.startswith("events-")]
-        self.file_seq = max((int(name[7:15]) for name in existing), default=0) + 1
+        existing = [_LOG_FILE.fullmatch(name) for name in os.listdir(self.directory)]
+        self.file_seq = max((int(match.group(1)) for match in existing if match), default=0) + 1
         self._file = open(os.path.join(self.directory, log_file_name(self.file_seq)), "ab")
         self._file_bytes = 0
         self._last_entry: dict[str, tuple[int, int]] = {}  # source -> (timestamp, offset) in this file

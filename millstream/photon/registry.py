@@ -173,7 +173,9 @@ class ShardingConfig:
         object.__setattr__(self, "_starts", tuple(starts))  # routing runs once per claim
 
     def entry_at(self, event_time_ms: int) -> ShardingEntry:
-        return self.entries[bisect.bisect_right(self._starts, event_time_ms) - 1]
+        # Times before the first entry's start (the beginning of time) are behind any GC boundary and
+        # never routed; max() only keeps them from wrapping round to the last entry.
+        return self.entries[max(bisect.bisect_right(self._starts, event_time_ms) - 1, 0)]
 
     def shard_for(self, click_id: str, event_time_ms: int) -> int:
         return shard_of(click_id, self.entry_at(event_time_ms).shard_count)

@@ -57,8 +57,10 @@ class SqliteRegistry(ShardedSqlRegistry):
 
     def _connect(self) -> sqlite3.Connection:
         # isolation_level=None: the module issues no BEGIN of its own; we open every transaction
-        # explicitly, choosing IMMEDIATE for writers.
-        connection = sqlite3.connect(self.path, timeout=self._busy_timeout_s, isolation_level=None)
+        # explicitly, choosing IMMEDIATE for writers. check_same_thread=False only so that close() and
+        # the end of a thread may close it from elsewhere: each connection is used by one thread.
+        connection = sqlite3.connect(self.path, timeout=self._busy_timeout_s, isolation_level=None,
+                                     check_same_thread=False)
         connection.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout_s * 1000)}")
         connection.execute(f"PRAGMA synchronous = {self._synchronous}")
         return connection
@@ -91,12 +93,13 @@ class SqliteRegistry(ShardedSqlRegistry):
         connection.execute("BEGIN" if mode is LockMode.READ else "BEGIN IMMEDIATE")
         try:
             yield _SqliteTransaction(connection, self._config_cache)
+            connection.execute("COMMIT")
         except BaseException:
+            # Also when COMMIT itself failed: the transaction is still open, and the retry's BEGIN
+            # would fail inside it.
             if connection.in_transaction:
                 connection.execute("ROLLBACK")
             raise
-        else:
-            connection.execute("COMMIT")
 
     def _is_transient(self, error: BaseException) -> bool:
         # "database is locked" / "busy" after the busy timeout: another process held the write lock
