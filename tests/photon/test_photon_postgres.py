@@ -42,3 +42,15 @@ def test_redaction_of_dsn_forms():
 def test_namespace_must_be_a_plain_identifier(postgres_server):
     with pytest.raises(ValueError):
         PostgresRegistry(postgres_server.dsn(), namespace='x"; DROP TABLE y; --')
+
+
+def test_a_registry_survives_a_server_restart():
+    """Connections cut by a restart are replaced and the transaction retried, not reported."""
+    from millstream.photon.localpg import LocalPostgres
+
+    with LocalPostgres(settings={"fsync": "off"}) as server:
+        with PostgresRegistry(server.dsn(), namespace="t_restart") as registry:
+            assert registry.commit([Claim("before", Token("j", "1"), 1)])["before"].committed
+            server.restart()
+            assert registry.commit([Claim("after", Token("j", "1"), 1)])["after"].committed
+            assert registry.lookup({"before": 1, "after": 1})["before"].registered
