@@ -17,6 +17,7 @@ from __future__ import annotations
 import abc
 import enum
 import threading
+import time
 import weakref
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -185,6 +186,8 @@ class ShardedSqlRegistry(IdRegistry):
             except Exception as error:
                 if attempt == self.retry_attempts or not self._is_transient(error):
                     raise
+            # Back off (50, 100, 200, 400 ms): a restarting server or a lock holder needs a moment.
+            time.sleep(0.05 * 2 ** (attempt - 1))
         raise AssertionError("unreachable")
 
     # ---- commits --------------------------------------------------------------------------------
