@@ -34,13 +34,18 @@ def _record(outcomes: dict[str, tuple[str, Any]], claims: list[Claim], results: 
         outcomes[claim.click_id] = (outcome.status.value, winner)
 
 
-def race_on_ids(target: Any, owner: str, ids: dict[str, int], seed: int, barrier: Any, results: Any) -> None:
-    """Claim every id of `ids` (id -> event time) for `owner`, in a shuffled order and in batches of
-    random sizes, starting together with the other workers; report {id: (status, winner)}. A short
-    random pause between batches keeps one worker from taking every id before the others run."""
-    rng = random.Random(seed)
+def race_on_ids(target: Any, owner: str, ids: dict[str, int], order_seed: int, rotation: float, barrier: Any,
+                results: Any) -> None:
+    """Claim every id of `ids` (id -> event time) for `owner` in batches of random sizes, starting
+    together with the other workers; report {id: (status, winner)}. The order is a shuffle by
+    `order_seed` (workers with the same seed collide on the same ids at the same moment) started at
+    fraction `rotation` of it (workers with different rotations each get ids first). A short random
+    pause between batches keeps one worker from taking every id before the others run."""
     order = list(ids)
-    rng.shuffle(order)
+    random.Random(order_seed).shuffle(order)
+    start = int(len(order) * rotation)
+    order = order[start:] + order[:start]
+    rng = random.Random(f"{owner}-{order_seed}")
     token = Token(owner, "attempt-1")
     outcomes: dict[str, tuple[str, Any]] = {}
     with target.open() as registry:

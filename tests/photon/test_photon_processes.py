@@ -47,8 +47,12 @@ def test_processes_racing_on_the_same_ids_commit_each_id_once(registry_target):
     owners = [f"joiner-{k}" for k in range(4)]
     registry_target.open(initial_shards=3).close()  # create the registry before the race
     barrier, results = SPAWN.Barrier(len(owners)), SPAWN.Queue()
-    outcomes = run_workers([SPAWN.Process(target=race_on_ids, args=(registry_target, owner, ids, seed, barrier, results))
-                            for seed, owner in enumerate(owners)], results)
+    # Workers 0 and 1 claim in the very same order (simultaneous conflicts on each id), 2 and 3 in
+    # other orders starting elsewhere (so more than one worker wins ids, however they are scheduled).
+    plans = [(0, 0.0), (0, 0.0), (1, 0.33), (2, 0.66)]
+    outcomes = run_workers([SPAWN.Process(target=race_on_ids,
+                                          args=(registry_target, owner, ids, seed, rotation, barrier, results))
+                            for owner, (seed, rotation) in zip(owners, plans)], results)
 
     winners = assert_each_id_committed_exactly_once(outcomes, list(ids))
     assert len(set(winners.values())) > 1, "the workers did not actually race"
@@ -65,7 +69,7 @@ def test_resharding_while_processes_commit_never_commits_an_id_twice(registry_ta
     one BatchingRegistry), C 900 ms behind, so C re-claims ids committed before one or two reshards
     and must find them in the shard their event time routed them to. Meanwhile the registry is
     resharded 2 -> 5 -> 3 -> 7 shards."""
-    offsets = [(f"click-{n}", n * 6) for n in range(450)]  # event times spread over 2.7 s
+    offsets = [(f"click-{n}", n * 7) for n in range(450)]  # event times spread over 3.15 s
     registry_target.open(initial_shards=2).close()
     workers = [("pipeline-a", 0, 1), ("pipeline-b", 40, 3), ("pipeline-c", 900, 1)]
     ready, start, t0, results = SPAWN.Barrier(len(workers) + 1), SPAWN.Event(), SPAWN.Value("q", 0), SPAWN.Queue()
@@ -79,7 +83,8 @@ def test_resharding_while_processes_commit_never_commits_an_id_twice(registry_ta
     start.set()
     entries = []
     with registry_target.open() as registry:
-        for at_ms, shard_count in [(500, 5), (1_300, 3), (2_000, 7)]:
+        # The last entry starts ~1 s before the stream ends: room for a late reshard on a busy machine.
+        for at_ms, shard_count in [(500, 5), (1_200, 3), (1_800, 7)]:
             time.sleep(max(0.0, (t0.value + at_ms) / 1000 - time.time()))
             entry = registry.reshard(shard_count, safety_margin_ms=300)
             entries.append(entry)
