@@ -13,11 +13,10 @@ def canonical(records):
 
 
 def test_harness_and_spark_agree(spark, tmp_path):
-    harness = PipelineHarness(conformance_pipeline(), shards=3, pages_per_shard=2)
+    harness = PipelineHarness(conformance_pipeline(), key_groups=3)
     harness.run_injectors()
 
-    runner = SparkRunner(conformance_pipeline(), root=str(tmp_path / "root"), spark=spark, shards=3,
-                         pages_per_shard=2)
+    runner = SparkRunner(conformance_pipeline(), root=str(tmp_path / "root"), spark=spark, key_groups=3)
     progress = runner.run(timeout=300)
 
     for stream in OUTPUT_STREAMS:

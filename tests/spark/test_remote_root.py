@@ -24,7 +24,7 @@ def test_pipeline_with_its_root_on_s3_matches_ground_truth(spark, tmp_path, s3_s
     assert rows(runner.read_stream("dips")) == truth["dips"] and truth["dips"]
     assert all(c.low_watermark == END_OF_TIME for c in progress.computations.values())
     remote = Storage(root)
-    assert remote.exists("pipeline.json") and remote.list("streams") == ["dips", "windows"]
+    assert remote.exists("pipeline.json") and remote.list("log") == remote.list("streams") == ["dip_detector", "windower"]
     assert remote.read_json("status/windower/latest.json")["low_watermark"] == END_OF_TIME
     assert Storage(sink).list(""), "the sink wrote no file"
     assert sorted(os.listdir(checkpoints)) == ["dip_detector", "windower"]  # only Spark's state is local

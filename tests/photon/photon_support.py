@@ -1,0 +1,98 @@
+"""Helpers of the Photon tests: a fake clock, independent shard routing, and the code the tests run in
+worker processes (spawned, so it must be importable by name)."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+import zlib
+from typing import Any
+
+from millstream.photon import BatchingRegistry, Claim, CommitOutcome, Token
+
+
+class FakeClock:
+    def __init__(self, now_ms: int) -> None:
+        self.now_ms = now_ms
+
+    def __call__(self) -> int:
+        return self.now_ms
+
+
+def expected_shard(click_id: str, entries: list[tuple[int, int]], event_time_ms: int) -> int:
+    """Independent routing: the last (start, count) entry starting at or before the event time,
+    crc32 of the id modulo its count."""
+    count = [count for start, count in entries if start <= event_time_ms][-1]
+    return zlib.crc32(click_id.encode()) % count
+
+
+def _record(outcomes: dict[str, tuple[str, Any]], claims: list[Claim], results: list[CommitOutcome]) -> None:
+    for claim, outcome in zip(claims, results):
+        assert claim.click_id not in outcomes, "a worker claims each id once"
+        winner = None if outcome.token is None else (outcome.token.owner, outcome.token.attempt)
+        outcomes[claim.click_id] = (outcome.status.value, winner)
+
+
+def race_on_ids(target: Any, owner: str, ids: dict[str, int], order_seed: int, rotation: float, barrier: Any,
+                results: Any) -> None:
+    """Claim every id of `ids` (id -> event time) for `owner` in batches of random sizes, starting
+    together with the other workers; report {id: (status, winner)}. The order is a shuffle by
+    `order_seed` (workers with the same seed collide on the same ids at the same moment) started at
+    fraction `rotation` of it (workers with different rotations each get ids first). A short random
+    pause between batches keeps one worker from taking every id before the others run."""
+    order = list(ids)
+    random.Random(order_seed).shuffle(order)
+    start = int(len(order) * rotation)
+    order = order[start:] + order[:start]
+    rng = random.Random(f"{owner}-{order_seed}")
+    token = Token(owner, "attempt-1")
+    outcomes: dict[str, tuple[str, Any]] = {}
+    with target.open() as registry:
+        barrier.wait()
+        while order:
+            size = rng.randint(1, 20)
+            claims = [Claim(click_id, token, ids[click_id]) for click_id in order[:size]]
+            del order[:size]
+            _record(outcomes, claims, registry.commit_each(claims))
+            time.sleep(rng.random() / 1000)
+    results.put((owner, outcomes))
+
+
+def commit_in_real_time(target: Any, owner: str, offsets: list[tuple[str, int]], lag_ms: int, threads: int,
+                        ready: Any, start: Any, t0: Any, results: Any) -> None:
+    """Claim each id at event time t0 + offset once the wall clock has passed that time plus `lag_ms`,
+    like a pipeline reading a live click log `lag_ms` behind. t0 is set by the parent when every worker
+    is ready. With `threads` > 1 the ids are split among that many threads committing through one
+    BatchingRegistry."""
+    token = Token(owner, "attempt-1")
+    outcomes: dict[str, tuple[str, Any]] = {}
+    lock = threading.Lock()
+    with target.open() as backend:
+        registry = BatchingRegistry(backend) if threads > 1 else backend
+        ready.wait()
+        start.wait()
+        ids = [(click_id, t0.value + offset) for click_id, offset in offsets]
+
+        def run(part: list[tuple[str, int]]) -> None:
+            pending = list(part)
+            while pending:
+                now_ms = time.time_ns() // 1_000_000
+                due = [item for item in pending if item[1] + lag_ms <= now_ms]
+                if not due:
+                    time.sleep(max(0.0, (pending[0][1] + lag_ms - now_ms) / 1000))
+                    continue
+                pending = pending[len(due):]
+                claims = [Claim(click_id, token, t) for click_id, t in due]
+                answers = registry.commit_each(claims)
+                with lock:
+                    _record(outcomes, claims, answers)
+
+        workers = [threading.Thread(target=run, args=(ids[k::threads],)) for k in range(threads)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+        if isinstance(registry, BatchingRegistry):
+            registry.close()
+    results.put((owner, outcomes))
