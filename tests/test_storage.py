@@ -1,14 +1,15 @@
-"""Storage and stream logs on a local directory and on an S3 endpoint: the same calls, the same
-results, writes visible whole or not at all, and commits idempotent by batch id."""
+"""Storage and publication logs on a local directory and on an S3 endpoint: the same calls, the same
+results, writes visible whole or not at all, create-if-absent atomic, older epochs fenced."""
 
+import json
 import pickle
+import threading
 
 import pyarrow as pa
 import pytest
 
-from millstream.core.executor import Produced
+from millstream.spark.publog import Fenced, FencedWriter, PublicationLog
 from millstream.spark.storage import Storage
-from millstream.spark.streamlog import StreamLog, productions_table
 
 
 @pytest.fixture(params=["local", "s3"])
@@ -35,22 +36,43 @@ def test_storage_reads_writes_lists_and_travels_pickled(location):
     assert "test:test" not in storage.describe("x"), "credentials must not reach messages"
 
 
-def test_stream_log_commits_once_per_batch_and_reads_back_in_order(location):
-    log = StreamLog(location)
+def test_create_is_atomic_and_first_writer_wins(location):
+    storage = Storage(location)
+    assert storage.create("c/x.json", b"first")
+    assert not storage.create("c/x.json", b"second")
+    assert storage.read("c/x.json") == b"first"
+    # Racing writers: exactly one of them gets the name, and what is there is whole.
+    winners = []
 
-    def batch(n):
-        return productions_table([Produced("s", f"k{i}", b"1", n * 10 + i, f"id{n}-{i}") for i in range(n)])
+    def race(n):
+        if storage.create("c/race.json", json.dumps({"writer": n, "pad": "x" * 50_000}).encode()):
+            winners.append(n)
 
-    assert log.append("s", "p", 0, batch(2), watermark=100)
-    assert log.append("s", "p", 1, batch(0), watermark=150)  # empty batches commit their watermark
-    assert log.append("s", "p", 2, batch(3), watermark=200)
-    assert not log.append("s", "p", 2, batch(5), watermark=999), "a replayed batch must not be written twice"
-    commits = log.commits_after("s", "p", -1, limit=10)
-    assert [(c.batch, c.watermark, c.rows) for c in commits] == [(0, 100, 2), (1, 150, 0), (2, 200, 3)]
-    assert log.commits_after("s", "p", 0, limit=1)[0].batch == 1
-    assert log.first_uncommitted("s", "p") == 3
-    ids = [i for _, table in log.read_all("s", ["p"]) for i in table["id"].to_pylist()]
-    assert ids == ["id2-0", "id2-1", "id3-0", "id3-1", "id3-2"]
+    threads = [threading.Thread(target=race, args=(n,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(winners) == 1 and storage.read_json("c/race.json")["writer"] == winners[0]
+
+
+def test_publication_log_orders_entries_and_fences_an_older_epoch(location):
+    log = PublicationLog(location, "comp")
+    assert log.head() == -1 and log.last_batch() == (-1, None)
+    old = FencedWriter(log, epoch=1, next_position=0)
+    assert old.append({"type": "claim", "checkpoint": "c1"}) == 0
+    assert old.append({"type": "batch", "batch": 0, "output": [5], "streams": {}, "status": {}}) == 1
+    # A second driver claims the next position with a newer epoch...
+    new = FencedWriter(log, epoch=2, next_position=log.head() + 1)
+    assert new.append({"type": "claim", "checkpoint": "c2"}) == 2
+    # ... and the first one, still running, can never publish again.
+    with pytest.raises(Fenced, match="epoch 2"):
+        old.append({"type": "batch", "batch": 1, "output": [9], "streams": {}, "status": {}})
+    assert new.append({"type": "batch", "batch": 1, "output": [7], "streams": {}, "status": {}}) == 3
+    assert [(p, e["type"], e["epoch"]) for p, e in log.entries_after(-1, 10)] == [
+        (0, "claim", 1), (1, "batch", 1), (2, "claim", 2), (3, "batch", 2)]
+    assert log.last_batch()[1]["output"] == [7] and log.last_claim()["checkpoint"] == "c2"
+    assert log.entries_after(1, 1) == [(2, log.read(2))]
 
 
 def test_a_json_file_caught_mid_replacement_is_read_again(tmp_path, monkeypatch):

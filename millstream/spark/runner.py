@@ -203,7 +203,7 @@ class SparkRunner:
         spark.dataSource.register(InputsDataSource)
         self._started_ms = int(time.time() * 1000)
         self._claim()
-        self.sinks = SinkDelivery(self.root, sink_deliverers(spark, self.pipeline, set(self.commits)))
+        self.sinks = SinkDelivery(self.root, sink_deliverers(spark, self.root, self.pipeline, set(self.commits)))
         self.publisher = Publisher(self.root, self.commits, self.sinks)
         self.publisher.catch_up()
         self.sinks.catch_up()

@@ -4,8 +4,9 @@ Each sink remembers how far it got per producer (`sinks/<sink>/<producer>.json`,
 delivery); a restart re-delivers from there, so every kind of sink must tolerate the redelivery of
 its last batch:
 
-- file sinks (jsonl, parquet): the executors wrote the batch's files under `<path>/_staging/`;
-  delivery renames them into `<path>/<producer>-<batch>-<part>` (a name already there is skipped);
+- file sinks (jsonl, parquet): the executors wrote the batch's files under the root
+  (`sinks/<sink>/staging/`); delivery moves them into `<path>/<producer>-<batch>-<part>` (a name
+  already there is skipped), so the sink directory only ever holds delivered files;
 - Spark writers (`path` with any other format): the batch goes to
   `<path>/producer=<producer>/batch=<batch>`, written with mode overwrite: a redelivery replaces it;
 - tables: appended with partition columns millstream_producer and millstream_batch, overwriting
@@ -115,18 +116,20 @@ class SinkDelivery:
                 return
 
 
-def deliver_file_sink(node: SinkNode, producer: str, batch: int, entry: dict[str, Any]) -> None:
-    """Rename the batch's staged sink files into place (a re-delivery finds them there)."""
+def deliver_file_sink(root: str, node: SinkNode, producer: str, batch: int, entry: dict[str, Any]) -> None:
+    """Move the batch's staged sink files into the sink directory (a re-delivery finds them there)."""
+    staging = Storage(root)
     target = Storage(node.path)  # type: ignore[arg-type]
     for path, _rows in entry.get("sinks", {}).get(node.name, []):
-        name = path.rsplit("/", 1)[-1]
-        final = f"{producer}-{batch:012d}-{name}"
+        final = f"{producer}-{batch:012d}-{path.rsplit('/', 1)[-1]}"
         if not target.exists(final):
-            target.move(path, final)
-    staged = sink_staging_dir(producer, batch, "")
-    for directory in target.list("_staging"):
-        if directory.startswith(staged.rsplit("/", 1)[-1]):
-            target.delete(f"_staging/{directory}")
+            staging.move_to(path, target, final)
+    # Other attempts of the batch were never committed: their files go.
+    prefix = sink_staging_dir(node.name, producer, batch, "")
+    folder, _, stem = prefix.rpartition("/")
+    for directory in staging.list(folder):
+        if directory.startswith(stem):
+            staging.delete(f"{folder}/{directory}")
 
 
 LOG_COLUMNS = "key string, value binary, timestamp long, id string, segment int, order_key long, order_seq int"
@@ -171,14 +174,15 @@ def deliver_with_spark(spark: Any, pipeline: Pipeline, node: SinkNode, producer:
         frame.write.mode("overwrite").format(node.format).options(**node.options).save(target)
 
 
-def sink_deliverers(spark: Any, pipeline: Pipeline, strong: set[str]) -> dict[str, tuple[SinkNode, list[str], SinkFunction]]:
+def sink_deliverers(spark: Any, root: str, pipeline: Pipeline,
+                    strong: set[str]) -> dict[str, tuple[SinkNode, list[str], SinkFunction]]:
     """Each sink with the computations it receives from and how it is delivered."""
     found: dict[str, tuple[SinkNode, list[str], SinkFunction]] = {}
     for node in pipeline.sinks.values():
         producers = [p for p in pipeline.producers(node.stream) if p in strong]
         if node.is_file_sink:
             def deliver(producer: str, batch: int, entry: dict[str, Any], node: SinkNode = node) -> None:
-                deliver_file_sink(node, producer, batch, entry)
+                deliver_file_sink(root, node, producer, batch, entry)
         else:
             def deliver(producer: str, batch: int, entry: dict[str, Any], node: SinkNode = node) -> None:
                 deliver_with_spark(spark, pipeline, node, producer, batch, entry)

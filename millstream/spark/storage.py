@@ -159,6 +159,7 @@ class Storage:
                 os.unlink(tmp)
         scheme = urlsplit(self.location).scheme
         if scheme in ("s3", "s3a"):
+            self.fs.create_dir(posixpath.dirname(full), recursive=True)  # the bucket, if allowed
             return self._s3_create(full, data)
         raise CreateNotSupported(
             f"{self.describe()}: no atomic create-if-absent on {scheme}:// here (supported: local disk, S3)")
@@ -203,6 +204,15 @@ class Storage:
         full = self._full(target)
         self.fs.create_dir(posixpath.dirname(full), recursive=True)
         self.fs.move(self._full(source), full)
+
+    def move_to(self, path: str, target: "Storage", target_path: str) -> None:
+        """Move a file to another location: a rename on one local disk, else a copy and a delete."""
+        if self.local and target.local:
+            target.fs.create_dir(posixpath.dirname(target._full(target_path)), recursive=True)
+            os.replace(self._full(path), target._full(target_path))
+            return
+        target.write(target_path, self.read(path) or b"")
+        self.delete(path)
 
     def full_path(self, path: str = "") -> str:
         """The path as this location's filesystem names it (for pyarrow and Spark readers)."""

@@ -53,8 +53,9 @@ def staging_dir(computation: str, batch: int, attempt: str) -> str:
     return f"streams/{computation}/{batch:012d}/{attempt}"
 
 
-def sink_staging_dir(computation: str, batch: int, attempt: str) -> str:
-    return f"_staging/{computation}-{batch:012d}-{attempt}"
+def sink_staging_dir(sink: str, computation: str, batch: int, attempt: str) -> str:
+    """Under the root, not in the user's sink directory: users see only delivered files there."""
+    return f"sinks/{sink}/staging/{computation}-{batch:012d}-{attempt}"
 
 
 class BatchWriter:
@@ -88,9 +89,8 @@ class BatchWriter:
             items = by_stream.get(sink.stream)
             if not items:
                 continue
-            target = Storage(sink.path)
-            path = f"{sink_staging_dir(self.computation, self.batch, self.attempt)}/part-{task}.{sink.format}"
-            target.write(path, sink_file(items, sink.format, sink.codec))
+            path = f"{sink_staging_dir(sink.name, self.computation, self.batch, self.attempt)}/part-{task}.{sink.format}"
+            storage.write(path, sink_file(items, sink.format, sink.codec))
             sink_files.append({"sink": sink.name, "path": path, "rows": len(items)})
         yield pa.RecordBatch.from_pylist([{"files": files, "sink_files": sink_files, "reports": reports}],
                                          schema=_ARROW_SCHEMA)

@@ -4,12 +4,15 @@ worker processes (spawned, so it must be importable by name)."""
 from __future__ import annotations
 
 import random
+import re
+import sqlite3
 import threading
 import time
 import zlib
+from dataclasses import dataclass, field
 from typing import Any
 
-from millstream.photon import BatchingRegistry, Claim, CommitOutcome, Token
+from millstream.photon import BatchingRegistry, Claim, CommitOutcome, IdRegistry, Token, open_registry
 
 
 class FakeClock:
@@ -96,3 +99,39 @@ def commit_in_real_time(target: Any, owner: str, offsets: list[tuple[str, int]],
         if isinstance(registry, BatchingRegistry):
             registry.close()
     results.put((owner, outcomes))
+
+
+@dataclass
+class RegistryTarget:
+    """Where one test's registry lives; picklable, so worker processes can open it too."""
+
+    backend: str
+    url: str
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def open(self, **extra: Any) -> IdRegistry:
+        return open_registry(self.url, **{**self.options, **extra})
+
+    def rows_per_shard(self) -> dict[int, dict[str, tuple[str, int]]]:
+        """Shard number -> {id: (token text, event time)}, read straight from the tables."""
+        found: dict[int, dict[str, tuple[str, int]]] = {}
+        if self.backend == "sqlite":
+            with sqlite3.connect(self.url[len("sqlite:///"):]) as connection:
+                tables = [name for (name,) in connection.execute(
+                    "SELECT name FROM sqlite_master WHERE type = 'table' AND name LIKE 'shard_%'")]
+                for table in tables:
+                    rows = connection.execute(f"SELECT id, token, event_time_ms FROM {table}")
+                    found[int(table.rsplit("_", 1)[1])] = {i: (tok, t) for i, tok, t in rows}
+            return found
+        import psycopg
+
+        namespace = self.options["namespace"]
+        with psycopg.connect(self.url) as connection:
+            tables = [name for (name,) in connection.execute(
+                "SELECT tablename FROM pg_tables WHERE tablename LIKE %s", (f"{namespace}\\_shard\\_%",))]
+            for table in tables:
+                if not re.fullmatch(rf"{namespace}_shard_\d+", table):
+                    continue
+                rows = connection.execute(f'SELECT id, token, event_time_ms FROM "{table}"')
+                found[int(table.rsplit("_", 1)[1])] = {i: (tok, t) for i, tok, t in rows}
+        return found
