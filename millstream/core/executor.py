@@ -106,7 +106,7 @@ class _Invocation:
     """The Context handed to user code for one key; collects productions."""
 
     __slots__ = ("_plan", "_state", "_key", "_low_watermark", "_wall_time", "_late", "_stream",
-                 "_cause", "_produced", "_out", "_segment", "_handles", "_order")
+                 "_cause", "_produced", "_out", "_segment", "_handles", "_order", "_advanced")
 
     def __init__(self, plan: ComputationPlan, state: KeyState, key: str, wall_time: int, out: list[Produced]) -> None:
         self._plan = plan
@@ -120,12 +120,14 @@ class _Invocation:
         self._cause: tuple[Any, ...] = ()
         self._produced = 0
         self._segment = 0
+        self._advanced = 0  # the watermark once the current input point is processed
         self._handles: dict[str, Any] = {}
         self._order = order_base(key)  # position of the key's next production in the step's output
 
-    def _begin(self, cause: tuple[Any, ...], stream: str | None, late: bool, low_watermark: int, segment: int) -> None:
+    def _begin(self, cause: tuple[Any, ...], stream: str | None, late: bool, low_watermark: int, segment: int,
+               advanced: int) -> None:
         self._cause, self._stream, self._late, self._produced = cause, stream, late, 0
-        self._low_watermark, self._segment = low_watermark, segment
+        self._low_watermark, self._segment, self._advanced = low_watermark, segment, advanced
 
     # -- Context -------------------------------------------------------------------------------
     @property
@@ -216,7 +218,9 @@ class _Invocation:
         self._handles.clear()
 
     def _wrote(self, spec: StateSpec) -> None:
-        self._state.touched(spec, self._low_watermark)
+        # Counted from the watermark once this input point is processed: a value written in the very
+        # first step (judged against BEGINNING_OF_TIME) must not expire at once.
+        self._state.touched(spec, self._advanced)
 
 
 def _cause_id(cause: tuple[Any, ...]) -> str:
@@ -341,7 +345,8 @@ class _KeyStep:
             late = record.timestamp < low_watermark
             self.metrics.records += 1
             self.metrics.late += late
-            ctx._begin(("r", delivery.stream, record.id), delivery.stream, late, low_watermark, j)
+            ctx._begin(("r", delivery.stream, record.id), delivery.stream, late, low_watermark, j,
+                       segments[j].advanced_to)
             try:
                 computation.process_record(ctx, record)
                 if self.flush_each:
@@ -382,7 +387,7 @@ class _KeyStep:
             self.metrics.timers_fired += 1
             domain = TimeDomain.WALL_TIME if timer.wall else TimeDomain.LOW_WATERMARK
             at = self.segments[point].advanced_to
-            ctx._begin(("t", self.key, tag, timer.time, timer.setter), None, False, at, point)
+            ctx._begin(("t", self.key, tag, timer.time, timer.setter), None, False, at, point, at)
             try:
                 plan.computation.process_timer(ctx, Timer(timer.time, tag, domain))
                 if self.flush_each:

@@ -28,6 +28,7 @@ from typing import Any, Callable
 
 from millstream.model.codecs import JsonCodec
 from millstream.model.pipeline import Pipeline, SinkNode
+from millstream.spark import faults
 from millstream.spark.publog import BATCH, PublicationLog
 from millstream.spark.storage import Storage
 from millstream.spark.writer import sink_staging_dir
@@ -107,6 +108,7 @@ class SinkDelivery:
                 if entry["batch"] <= self.delivered(sink, producer)[0]:
                     continue
                 deliver(producer, entry["batch"], entry)
+                faults.reached("delivered")
                 self.storage.write_json(self.progress_file(sink, producer),
                                         {"batch": entry["batch"], "position": position})
             except BaseException as error:

@@ -1,0 +1,1 @@
+"""Fault injection users can run themselves: `python -m millstream.chaos` (see __main__.py)."""

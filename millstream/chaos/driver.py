@@ -1,0 +1,31 @@
+"""One driver of the chaos pipeline (started, and killed, by `python -m millstream.chaos`)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from millstream.chaos.pipeline import ChaosSpec, build_pipeline
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m millstream.chaos.driver")
+    parser.add_argument("--root", required=True)
+    parser.add_argument("--events", type=int, required=True)
+    parser.add_argument("--accounts", type=int, required=True)
+    parser.add_argument("--seed", type=int, required=True)
+    parser.add_argument("--rate", type=float, required=True)
+    parser.add_argument("--master", default="local[2]")
+    args = parser.parse_args(argv)
+    from millstream.spark.runner import SparkRunner
+
+    spec = ChaosSpec(events=args.events, accounts=args.accounts, seed=args.seed, records_per_second=args.rate)
+    runner = SparkRunner(build_pipeline(spec, os.path.join(args.root, "sinks")), root=os.path.join(args.root, "run"),
+                         master=args.master, max_records_per_batch=2_000)
+    runner.run(timeout=3_600, wall_timer_drain_s=10)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,48 @@
+"""Fault injection for the crash tests and the chaos command: kill the driver at a named moment.
+
+Set MILLSTREAM_KILL_AT="<point>:<n>" and the driver SIGKILLs its whole process group (itself, the
+JVM and its Python workers) the n-th time it reaches <point>. The points are the moments between two
+commits, where a crash hurts most:
+
+- `staged`: a batch's output is staged, Spark has not committed it yet;
+- `committed`: Spark has committed the batch, millstream has not published it yet;
+- `published`: the batch is published, its sinks have not received it yet;
+- `delivered`: a sink has received the batch, its progress is not recorded yet.
+
+Nothing happens when the variable is not set.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+
+POINTS = ("staged", "committed", "published", "delivered")
+_counts: dict[str, int] = {}
+_lock = threading.Lock()
+
+
+def _target() -> tuple[str, int] | None:
+    spec = os.environ.get("MILLSTREAM_KILL_AT")
+    if not spec:
+        return None
+    point, _, count = spec.partition(":")
+    return point, int(count or 1)
+
+
+_TARGET = _target()
+
+
+def reached(point: str) -> None:
+    """Mark that the driver reached `point`; kill it here if this is the configured moment."""
+    if _TARGET is None or _TARGET[0] != point:
+        return
+    with _lock:
+        _counts[point] = _counts.get(point, 0) + 1
+        if _counts[point] != _TARGET[1]:
+            return
+    sys.stderr.write(f"millstream fault injection: killing the driver at {point!r} #{_TARGET[1]}\n")
+    sys.stderr.flush()
+    os.killpg(os.getpgrp(), signal.SIGKILL)

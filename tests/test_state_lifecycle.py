@@ -1,0 +1,211 @@
+"""State that goes away: keys with nothing left disappear, dedup ids and TTL'd values expire on
+schedule whether or not their key is touched again, internal streams carry no dedup state, and state
+stays flat over long runs where most keys stop appearing."""
+
+from __future__ import annotations
+
+from millstream import (
+    END_OF_TIME,
+    Computation,
+    GeneratorInjector,
+    MapState,
+    Pipeline,
+    Record,
+    ScriptedInjector,
+    ValueState,
+)
+from millstream.core.keystate import KeyState
+from millstream.testing import PipelineHarness
+
+
+class Forward(Computation):
+    """Stateless: passes every record on."""
+
+    def __init__(self, output: str = "out") -> None:
+        self.output = output
+
+    def process_record(self, ctx, record):
+        ctx.produce(record, self.output)
+
+
+class Count(Computation):
+    n = ValueState[int]("n", default=0)
+
+    def process_record(self, ctx, record):
+        ctx.state(self.n).set(ctx.state(self.n).get() + 1)
+
+
+def _blob(harness: PipelineHarness, computation: str, key: str) -> KeyState | None:
+    run = harness._run(computation)
+    blob = harness._blob(run, key)
+    return KeyState.loads(blob) if blob else None
+
+
+def test_dedup_ids_of_a_key_never_touched_again_expire_on_schedule():
+    p = (Pipeline("p").add_injector("src", ScriptedInjector("src", []), "in")
+         .add_computation("fwd", Forward(), ["in"], ["out"], dedup_horizon_ms=1_000))
+    h = PipelineHarness(p)
+    h.feed("src", [Record("quiet", 1, 10, "a")], watermark=0)
+    h.run()
+    assert h.keys("fwd") == ["quiet"]  # holds the id "a" to discard a duplicate
+    h.feed("src", [Record("busy", 1, 500, "b")], watermark=900)
+    h.run()
+    assert "quiet" in h.keys("fwd")  # 900 < 10 + 1000: still within the horizon
+    h.advance_watermark("src", 1_011)  # the horizon has passed for "a"; "quiet" sees nothing new
+    h.run()
+    assert "quiet" not in h.keys("fwd")
+    h.advance_watermark("src", 5_000)
+    h.run()
+    assert h.keys("fwd") == []
+
+
+def test_internal_streams_carry_no_dedup_state():
+    p = (Pipeline("p").add_injector("src", ScriptedInjector("src", []), "in")
+         .add_computation("fwd", Forward(), ["in"], ["out"])
+         .add_computation("down", Forward("end"), ["out"], ["end"]))
+    h = PipelineHarness(p)
+    h.feed("src", [Record(f"k{i}", i, i, f"r{i}") for i in range(20)], watermark=0)
+    h.run()
+    assert len(h.output("end")) == 20
+    assert h.keys("down") == []  # nothing to remember: its input cannot hold duplicates
+    assert len(h.keys("fwd")) == 20  # the injector's records can: their ids are kept
+
+
+def test_ids_read_in_a_step_whose_watermark_jumps_past_the_horizon_are_kept():
+    p = (Pipeline("p").add_injector("src", ScriptedInjector("src", []), "in")
+         .add_computation("count", Count(), ["in"], dedup_horizon_ms=1_000))
+    h = PipelineHarness(p)
+    h.feed("src", [Record("k", 1, 10, "x")], watermark=3_600_000)  # one step: the record, then an hour
+    h.run()
+    h.feed("src", [Record("k", 1, 10, "x")])  # the injector replays it
+    h.run()
+    assert h.metrics("count").duplicates == 1 and h.state("count", "k") == {"n": 1}
+
+
+def test_a_key_whose_timer_fired_and_whose_state_is_gone_disappears():
+    class Once(Computation):
+        pending = ValueState[int]("pending")
+
+        def process_record(self, ctx, record):
+            ctx.state(self.pending).set(record.value)
+            ctx.set_timer("t", record.timestamp + 100)
+
+        def process_timer(self, ctx, timer):
+            ctx.produce(Record(ctx.key, ctx.state(self.pending).get(), timer.time), "out")
+            ctx.state(self.pending).clear()
+
+    p = (Pipeline("p").add_injector("src", ScriptedInjector("src", []), "in")
+         .add_computation("once", Once(), ["in"], ["out"], dedup_horizon_ms=0))
+    h = PipelineHarness(p)
+    ids = []
+    for round_ in range(3):
+        t = 1_000 * (round_ + 1)
+        h.feed("src", [Record("k", round_, t, f"r{round_}")], watermark=t)
+        h.advance_watermark("src", t + 500)
+        h.run()
+        assert h.keys("once") == []  # nothing pins it: no counter, no leftover
+        ids.append(h.output("out")[-1].id)
+    assert len(set(ids)) == 3  # a reborn key's timer outputs still get fresh ids
+
+
+def test_state_ttl_expires_values_in_low_watermark_time_untouched_keys_included():
+    class Remember(Computation):
+        last = ValueState[int]("last", ttl_ms=1_000)
+        seen = MapState[str, int]("seen")  # no TTL
+
+        def process_record(self, ctx, record):
+            ctx.state(self.last).set(record.value)
+            ctx.state(self.seen).put(str(record.value), 1)
+
+    p = (Pipeline("p").add_injector("src", ScriptedInjector("src", []), "in")
+         .add_computation("remember", Remember(), ["in"], dedup_horizon_ms=0))
+    h = PipelineHarness(p)
+    h.feed("src", [Record("k", 7, 100, "a")], watermark=100)
+    h.run()
+    assert h.state("remember", "k") == {"last": 7, "seen": {"7": 1}}
+    h.advance_watermark("src", 1_100)  # written at watermark 100: lives until the watermark passes 1100
+    h.run()
+    assert h.state("remember", "k")["last"] == 7
+    h.advance_watermark("src", 1_101)
+    h.run()
+    assert h.state("remember", "k") == {"seen": {"7": 1}}
+
+
+def test_ctx_clear_discards_everything_of_the_key():
+    class Forget(Computation):
+        n = ValueState[int]("n", default=0)
+        items = MapState[str, int]("items")
+
+        def process_record(self, ctx, record):
+            if record.value == "forget":
+                ctx.clear()
+                return
+            ctx.state(self.n).set(ctx.state(self.n).get() + 1)
+            ctx.state(self.items).put(record.value, 1)
+            ctx.set_timer("later", 10_000)
+
+    p = (Pipeline("p").add_injector("src", ScriptedInjector("src", []), "in")
+         .add_computation("forget", Forget(), ["in"], dedup_horizon_ms=0))
+    h = PipelineHarness(p)
+    h.feed("src", [Record("k", "a", 1, "1"), Record("k", "b", 2, "2")], watermark=0)
+    h.run()
+    assert h.state("forget", "k") == {"n": 2, "items": {"a": 1, "b": 1}} and h.pending_timers("forget", "k")
+    h.feed("src", [Record("k", "forget", 3, "3")], watermark=5)
+    h.run()
+    assert h.state("forget", "k") == {} and h.pending_timers("forget", "k") == []
+    assert h.keys("forget") == ["k"]  # dedup ids stay until their horizon: duplicates are still caught
+    h.advance_watermark("src", 6)
+    h.run()
+    assert h.keys("forget") == []
+
+
+class Windower(Computation):
+    counts = MapState[int, int]("counts")
+
+    def process_record(self, ctx, record):
+        bucket = record.timestamp - record.timestamp % 1_000
+        counts = ctx.state(self.counts)
+        counts.put(bucket, counts.get(bucket, 0) + 1)
+        ctx.set_timer(f"w{bucket}", bucket + 1_000)
+
+    def process_timer(self, ctx, timer):
+        bucket = timer.time - 1_000
+        ctx.produce(Record(ctx.key, ctx.state(self.counts).get(bucket), timer.time), "windows")
+        ctx.state(self.counts).remove(bucket)
+
+
+def test_state_stays_flat_over_event_time_as_keys_come_and_go():
+    # 100,000 keys, each active for a moment of event time and then never again, over half an hour of
+    # event time, many times the dedup horizon. Keys leave as fast as new ones arrive.
+    keys_total, duration_ms, horizon_ms = 100_000, 1_800_000, 120_000
+    rate_per_ms = 0.05  # 50 records per second of event time
+    total = int(duration_ms * rate_per_ms)
+    per_key_ms = duration_ms // keys_total
+
+    def make(i: int) -> Record:
+        t = int(i / rate_per_ms)
+        return Record(f"q{t // per_key_ms}", None, t)
+
+    injector = GeneratorInjector(make, total, lambda n: int(n / rate_per_ms), max_records_per_read=5_000)
+    p = Pipeline("p").add_injector("src", injector, "in").add_computation(
+        "windower", Windower(), ["in"], ["windows"], dedup_horizon_ms=horizon_ms)
+    h = PipelineHarness(p)
+    samples = []  # (event time, keys held, bytes held)
+    while h.pull_injectors(5_000) or h.step():
+        h.step()
+        watermark = h.input_watermark("windower")
+        if watermark >= END_OF_TIME:
+            break
+        if not samples or watermark - samples[-1][0] >= 60_000:
+            stores = [e.store.blobs for e in h._run("windower").executors]
+            samples.append((watermark, sum(len(s) for s in stores), sum(len(b.blob) for s in stores for b in s.values())))
+    steady = [s for s in samples if s[0] >= 3 * horizon_ms]  # well past the horizon
+    assert len(steady) >= 10
+    keys_held = [k for _, k, _ in steady]
+    bytes_held = [b for _, _, b in steady]
+    assert max(keys_held) <= 1.1 * min(keys_held), f"keys held grew: {keys_held}"
+    assert max(bytes_held) <= 1.1 * min(bytes_held), f"bytes held grew: {bytes_held}"
+    # What is held is what arrived within the horizon (plus one step: an id's horizon counts from the
+    # watermark once its step is processed), not everything ever seen.
+    step_ms = 5_000 / rate_per_ms
+    assert max(keys_held) <= 1.1 * (horizon_ms + step_ms) / per_key_ms < keys_total / 5
