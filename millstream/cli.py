@@ -15,7 +15,6 @@ import importlib
 import os
 import re
 import sys
-import time
 from importlib import resources
 from typing import Any, Sequence
 

@@ -40,6 +40,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--root", default=None, help="where to run (default: a temporary directory)")
     parser.add_argument("--report", default=None, help="write the result as JSON here")
     parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--kill-at", action="append", default=None, metavar="POINT:N",
+                        help="kill at these commit points instead of the random schedule (repeatable)")
+    parser.add_argument("--lottery-exactly-once-off", action="store_true",
+                        help="run the lottery with exactly_once=False, to see what the protocol prevents")
     args = parser.parse_args(argv)
     if args.kills < 0 or args.events < 1 or args.accounts < 1:
         parser.error("--kills must be >= 0, --events and --accounts >= 1")
@@ -63,7 +67,7 @@ def drive(args: argparse.Namespace, root: str, rate: float, kill: str | float | 
     """Run the driver once; kill it as told. Returns its exit code (negative: killed)."""
     command = [sys.executable, "-m", "millstream.chaos.driver", "--root", root, "--events", str(args.events),
                "--accounts", str(args.accounts), "--seed", str(args.seed), "--rate", str(rate),
-               "--master", args.master]
+               "--master", args.master] + (["--lottery-exactly-once-off"] if args.lottery_exactly_once_off else [])
     env = dict(os.environ)
     env.pop("MILLSTREAM_KILL_AT", None)
     if isinstance(kill, str):
@@ -94,8 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     rng = random.Random(args.seed)
     # Paced so the input lasts about as long as the kills and restarts take.
     rate = max(20.0, args.events / max(60.0, args.kills * STARTUP_S))
-    kills = schedule(args.kills, rng)
-    print(f"chaos: {args.events} records per injector over ~{args.events / rate:.0f} s, {args.kills} kills, "
+    kills: list[str | float] = list(args.kill_at) if args.kill_at else schedule(args.kills, rng)
+    print(f"chaos: {args.events} records per injector over ~{args.events / rate:.0f} s, {len(kills)} kills, "
           f"root {root}")
     outcomes = []
     started = time.time()

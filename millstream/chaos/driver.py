@@ -17,11 +17,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, required=True)
     parser.add_argument("--rate", type=float, required=True)
     parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--lottery-exactly-once-off", action="store_true")
     args = parser.parse_args(argv)
     from millstream.spark.runner import SparkRunner
 
     spec = ChaosSpec(events=args.events, accounts=args.accounts, seed=args.seed, records_per_second=args.rate)
-    runner = SparkRunner(build_pipeline(spec, os.path.join(args.root, "sinks")), root=os.path.join(args.root, "run"),
+    pipeline = build_pipeline(spec, os.path.join(args.root, "sinks"), not args.lottery_exactly_once_off)
+    runner = SparkRunner(pipeline, root=os.path.join(args.root, "run"),
                          master=args.master, max_records_per_batch=2_000)
     runner.run(timeout=3_600, wall_timer_drain_s=10)
     return 0

@@ -127,13 +127,15 @@ class Auditor(Computation):
         ctx.produce(Record(ctx.key, {"flush": flushes.get(), "count": count}, timer.time), "flushes")
 
 
-def build_pipeline(spec: ChaosSpec, sink_dir: str) -> Pipeline:
+def build_pipeline(spec: ChaosSpec, sink_dir: str, lottery_exactly_once: bool = True) -> Pipeline:
+    """`lottery_exactly_once=False` shows what the protocol prevents: the lottery then publishes the
+    first attempt of a batch while Spark keeps the state of the last one."""
     return (
         Pipeline("chaos")
         .add_injector("deposits", spec.injector("deposits"), "deposits")
         .add_injector("withdrawals", spec.injector("withdrawals"), "withdrawals")
         .add_computation("ledger", Ledger(), ["deposits", "withdrawals"], ["entries", "totals"])
-        .add_computation("lottery", Lottery(), ["entries"], ["draws"])
+        .add_computation("lottery", Lottery(), ["entries"], ["draws"], exactly_once=lottery_exactly_once)
         .add_computation("auditor", Auditor(), ["draws"], ["flushes"])
         .add_sink("draws_out", "draws", f"{sink_dir}/draws", format="jsonl")
         .add_sink("flushes_out", "flushes", f"{sink_dir}/flushes", format="jsonl")

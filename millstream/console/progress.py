@@ -21,7 +21,7 @@ import os
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import IO, Any, Sequence
 
 from millstream.model.records import BEGINNING_OF_TIME, END_OF_TIME

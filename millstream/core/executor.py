@@ -31,7 +31,7 @@ from typing import Any, Iterable, NamedTuple, Sequence
 from millstream.core.deadletters import dead_letter, describe_error, user_traceback
 from millstream.core.production import Produced, order_base
 from millstream.core.keystate import KeyState, decoded_value
-from millstream.core.plan import ComputationPlan
+from millstream.core.plan import ComputationPlan, InputPlan, KeyExtractionError
 from millstream.core.store import KeyStore, StoredKey
 from millstream.core.watermarks import Segment
 from millstream.model.codecs import CodecError
@@ -40,7 +40,7 @@ from millstream.model.records import END_OF_TIME, Record, TimeDomain, Timer, der
 from millstream.model.state import ListState, MapState, StateSpec, ValueState
 
 __all__ = ["ComputationError", "ComputationFailed", "Delivery", "KeyGroupExecutor", "Produced", "StepMetrics",
-           "StepResult", "inspect_key", "unkeyable_message"]
+           "StepResult", "inspect_key", "key_or_dead_letter"]
 
 # A key's timers that keep re-arming themselves behind the watermark would loop inside one step.
 MAX_TIMER_FIRINGS_PER_STEP = 100_000
@@ -502,9 +502,23 @@ class KeyGroupExecutor:
                            timer={"tag": tag, "time": time, "setter": setter})
 
 
-def unkeyable_message(computation: str, error: BaseException, record_id: str) -> str:
-    """The fail-policy message for a record whose key could not be extracted."""
-    return f"computation {computation!r}: {error}, on record {record_id!r}"
+def key_or_dead_letter(plan: ComputationPlan, input_plan: InputPlan, record: Record[Any], sender: str,
+                       segment: int) -> str | Produced:
+    """The computation's key for `record`. When the key extractor fails: under the dead_letter policy a
+    dead letter instead, under fail a ComputationFailed naming computation, stream and record."""
+    try:
+        return input_plan.key_of(record)
+    except KeyExtractionError as error:
+        if plan.on_error is ErrorPolicy.FAIL:
+            raise ComputationFailed(f"computation {plan.name!r}: {error}, on record {record.id!r}\n"
+                                    f"{user_traceback(error.error)}") from error.error
+        try:
+            value = record.value
+        except Exception as undecodable:
+            value = f"<undecodable: {describe_error(undecodable)}>"
+        return dead_letter(plan.name, key=None, stream=input_plan.stream, sender=sender, record_id=record.id,
+                           timestamp=record.timestamp, value=value, error=str(error),
+                           traceback_text=user_traceback(error.error), segment=segment)
 
 
 def inspect_key(plan: ComputationPlan, blob: bytes | None) -> tuple[dict[str, Any], list[Timer]]:

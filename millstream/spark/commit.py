@@ -165,7 +165,7 @@ class BatchStager:
         self.storage.write_json(wake_file(plan.name), {"batch": batch_id, "next_wall_timer": status["next_wall_timer"]})
         if not plan.exactly_once:
             self.publisher.publish(plan.name, batch_id, manifest)
-        faults.reached("staged")
+        faults.reached("staged", plan.name)
 
     def status_before(self, computation: str, batch_id: int) -> dict[str, Any]:
         """A computation's status after batch_id - 1: staged by this driver, or else published (a
@@ -244,7 +244,7 @@ class Publisher:
                 status = dict(last["status"] if last else empty_status(), batch=batch)
                 manifest = {"type": BATCH, "batch": batch, "attempt": None, "output": [], "streams": {},
                             "sinks": {}, "status": status}
-            faults.reached("committed")
+            faults.reached("committed", name)
             self.publish(name, batch, manifest)
 
     def staged_manifest(self, name: str, batch: int) -> dict[str, Any] | None:
@@ -267,7 +267,7 @@ class Publisher:
                 return  # published already (exactly_once=False: the first attempt won)
             position = commit.writer.append(manifest)
             commit.last_published = batch
-        faults.reached("published")
+        faults.reached("published", name)
         for member, status in ((name, manifest["status"]), *manifest.get("fused", {}).items()):
             history = {k: status[k] for k in ("batch", "low_watermark", "input_watermark", "wall_ms")}
             self.storage.write_json(f"status/{member}/history/{batch:012d}.json", history)

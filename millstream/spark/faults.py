@@ -1,8 +1,8 @@
 """Fault injection for the crash tests and the chaos command: kill the driver at a named moment.
 
-Set MILLSTREAM_KILL_AT="<point>:<n>" and the driver SIGKILLs its whole process group (itself, the
-JVM and its Python workers) the n-th time it reaches <point>. The points are the moments between two
-commits, where a crash hurts most:
+Set MILLSTREAM_KILL_AT="<point>:<n>" (or "<point>@<computation>:<n>") and the driver SIGKILLs its
+whole process group (itself, the JVM and its Python workers) the n-th time it reaches <point> (for that
+computation). The points are the moments between two commits, where a crash hurts most:
 
 - `staged`: a batch's output is staged, Spark has not committed it yet;
 - `committed`: Spark has committed the batch, millstream has not published it yet;
@@ -24,25 +24,27 @@ _counts: dict[str, int] = {}
 _lock = threading.Lock()
 
 
-def _target() -> tuple[str, int] | None:
+def _target() -> tuple[str, str | None, int] | None:
     spec = os.environ.get("MILLSTREAM_KILL_AT")
     if not spec:
         return None
-    point, _, count = spec.partition(":")
-    return point, int(count or 1)
+    where, _, count = spec.partition(":")
+    point, _, computation = where.partition("@")
+    return point, computation or None, int(count or 1)
 
 
 _TARGET = _target()
 
 
-def reached(point: str) -> None:
-    """Mark that the driver reached `point`; kill it here if this is the configured moment."""
-    if _TARGET is None or _TARGET[0] != point:
+def reached(point: str, computation: str) -> None:
+    """Mark that the driver reached `point` for `computation`; kill it here if this is the moment."""
+    if _TARGET is None or _TARGET[0] != point or _TARGET[1] not in (None, computation):
         return
     with _lock:
         _counts[point] = _counts.get(point, 0) + 1
-        if _counts[point] != _TARGET[1]:
+        if _counts[point] != _TARGET[2]:
             return
-    sys.stderr.write(f"millstream fault injection: killing the driver at {point!r} #{_TARGET[1]}\n")
+    sys.stderr.write(f"millstream fault injection: killing the driver at {point!r} of {computation!r} "
+                     f"#{_TARGET[2]}\n")
     sys.stderr.flush()
     os.killpg(os.getpgrp(), signal.SIGKILL)

@@ -25,12 +25,11 @@ from __future__ import annotations
 from operator import itemgetter
 from typing import Any, Iterator
 
-from millstream.core.deadletters import dead_letter
-from millstream.core.executor import ComputationFailed, Delivery, KeyGroupExecutor, StepResult, unkeyable_message
-from millstream.core.plan import ComputationPlan, KeyExtractionError, key_group
+from millstream.core.executor import ComputationFailed, Delivery, KeyGroupExecutor, StepResult, key_or_dead_letter
+from millstream.core.plan import ComputationPlan, key_group
 from millstream.core.production import Produced
 from millstream.model.computation import ComputationInfo
-from millstream.model.pipeline import DEAD_LETTERS, ErrorPolicy
+from millstream.model.pipeline import DEAD_LETTERS
 from millstream.model.records import Record
 from millstream.spark.bundles import BUNDLE_RECORDS, DeliveryItem, pack, unpack
 from millstream.spark.errors import report_failure
@@ -182,18 +181,16 @@ class FusedProducerProcessor(StatefulProcessor):
         """A production as the consumer's delivery (keyed by its extractor for the stream)."""
         consumer = self.consumer
         input_plan = consumer.input(item.stream)
-        key = item.key
+        key: str | Produced = item.key
         if not input_plan.keyed_by_record_key:
             record = Record.encoded(item.key, item.value, input_plan.codec, item.timestamp, item.id)
             try:
-                key = input_plan.key_of(record)
-            except KeyExtractionError as error:
-                if consumer.on_error is ErrorPolicy.FAIL:
-                    report_failure(self.root, consumer.name, unkeyable_message(consumer.name, error, item.id))
-                    raise
-                return dead_letter(consumer.name, key=None, stream=item.stream, sender=self.plan.name,
-                                   record_id=item.id, timestamp=item.timestamp, value=record.value,
-                                   error=error.error, segment=item.segment)
+                key = key_or_dead_letter(consumer, input_plan, record, self.plan.name, item.segment)
+            except ComputationFailed as failure:
+                report_failure(self.root, consumer.name, str(failure))
+                raise
+            if isinstance(key, Produced):
+                return key
         return (key, item.stream, item.key, item.value, item.timestamp, item.id, item.segment, item.order, False)
 
     def close(self) -> None:

@@ -144,7 +144,7 @@ class SparkRunner:
         self.checkpoint_root = os.path.abspath(checkpoint_root) if is_local(checkpoint_root) else checkpoint_root
         # The driver's own logs stay on local disk (the JVM's output is redirected to a local file).
         self.log_dir = self.root if self.storage.local else os.path.join(
-            tempfile.gettempdir(), "millstream", re.sub(r"[^\w.-]", "_", pipeline.name))
+            tempfile.gettempdir(), "millstream-logs", re.sub(r"[^\w.-]", "_", pipeline.name))
         self.master = master
         self.trigger_ms = trigger_ms
         self.max_records_per_batch = max_records_per_batch

@@ -108,7 +108,7 @@ class SinkDelivery:
                 if entry["batch"] <= self.delivered(sink, producer)[0]:
                     continue
                 deliver(producer, entry["batch"], entry)
-                faults.reached("delivered")
+                faults.reached("delivered", producer)
                 self.storage.write_json(self.progress_file(sink, producer),
                                         {"batch": entry["batch"], "position": position})
             except BaseException as error:

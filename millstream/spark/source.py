@@ -28,7 +28,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from millstream.core.deadletters import dead_letter
-from millstream.core.plan import ComputationPlan, InputPlan, KeyExtractionError, SenderPlan, key_group
+from millstream.core.executor import ComputationFailed, key_or_dead_letter
+from millstream.core.plan import ComputationPlan, InputPlan, SenderPlan, key_group
 from millstream.core.production import Produced
 from millstream.core.watermarks import Segment, WatermarkCoalescer
 from millstream.model.injector import Injector, Malformed
@@ -239,7 +240,7 @@ class InputsReader(DataSourceStreamReader):
     def _injector_items(self, sender: Sender, input_plan: InputPlan,
                         partition: _Partition) -> Iterator[DeliveryItem | Produced]:
         segment = partition.fields["segment"]
-        codec, stream = input_plan.codec, input_plan.stream
+        codec = input_plan.codec
         injector, name = sender.injector, sender.plan.partition
         for position, item in enumerate(injector.read(name, partition.fields["start"], partition.fields["end"])):  # type: ignore[union-attr, arg-type]
             if isinstance(item, Malformed):
@@ -262,29 +263,17 @@ class InputsReader(DataSourceStreamReader):
     def _keyed(self, input_plan: InputPlan, sender: Sender, rkey: str, value: bytes, ts: int, rid: str,
                segment: int, order: int) -> DeliveryItem | Produced:
         if input_plan.keyed_by_record_key:
-            key = rkey
+            key: str | Produced = rkey
         else:
             record = Record.encoded(rkey, value, input_plan.codec, ts, rid)
             try:
-                key = input_plan.key_of(record)
-            except KeyExtractionError as error:
-                return self._unkeyable(sender, record, error, segment)
+                key = key_or_dead_letter(self.plan.computation, input_plan, record, sender.plan.producer, segment)
+            except ComputationFailed as failure:
+                report_failure(self.plan.root, self.plan.computation.name, str(failure))
+                raise
+            if isinstance(key, Produced):
+                return key
         return (key, input_plan.stream, rkey, value, ts, rid, segment, order, sender.plan.dedup)
-
-    def _unkeyable(self, sender: Sender, record: Record[Any], error: KeyExtractionError, segment: int) -> Produced:
-        plan = self.plan.computation
-        if plan.on_error is ErrorPolicy.FAIL:
-            from millstream.core.executor import unkeyable_message
-
-            report_failure(self.plan.root, plan.name, unkeyable_message(plan.name, error, record.id))
-            raise error
-        try:
-            value = record.value
-        except Exception as undecodable:
-            value = f"<undecodable: {undecodable}>"
-        return dead_letter(plan.name, key=None, stream=sender.plan.stream, sender=sender.plan.producer,
-                           record_id=record.id, timestamp=record.timestamp, value=value, error=error.error,
-                           segment=segment)
 
     def _malformed(self, sender: Sender, item: Malformed, segment: int) -> Produced:
         plan = self.plan.computation

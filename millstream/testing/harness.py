@@ -23,8 +23,8 @@ from typing import Any, Iterable
 
 from millstream.core.deadletters import dead_letter
 from millstream.core.production import Produced
-from millstream.core.executor import ComputationFailed, Delivery, KeyGroupExecutor, StepMetrics, inspect_key, unkeyable_message
-from millstream.core.plan import ComputationPlan, KeyExtractionError, SenderPlan, key_group, plan_computation
+from millstream.core.executor import Delivery, KeyGroupExecutor, StepMetrics, inspect_key, key_or_dead_letter
+from millstream.core.plan import ComputationPlan, key_group, plan_computation
 from millstream.core.store import MemoryKeyStore
 from millstream.core.watermarks import Segment, WatermarkCoalescer, output_watermarks
 from millstream.model.injector import Malformed, Offset
@@ -238,12 +238,11 @@ class PipelineHarness:
                 rejected.extend(p._replace(segment=j) for p in point.rejected)
                 for item in point.records:
                     record = Record.encoded(item.key, item.value, input_plan.codec, item.timestamp, item.id)
-                    try:
-                        key = input_plan.key_of(record)
-                    except KeyExtractionError as error:
-                        rejected.append(self._unkeyable(plan, sender, record, error, j))
-                        continue
-                    deliveries.append(Delivery(key, sender.stream, record, j, sender.dedup))
+                    key = key_or_dead_letter(plan, input_plan, record, sender.producer, j)
+                    if isinstance(key, Produced):
+                        rejected.append(key)
+                    else:
+                        deliveries.append(Delivery(key, sender.stream, record, j, sender.dedup))
         wall_due = any(e.store.next_wall_time() is not None and e.store.next_wall_time() <= self.wall_time  # type: ignore[operator]
                        for e in run.executors)
         if not segments:
@@ -299,14 +298,6 @@ class PipelineHarness:
         return dead_letter(owner, key=None, stream=node.stream, sender=injector, record_id=item.position,
                            timestamp=self._watermarks[(injector, partition)], value=item.raw, error=item.error,
                            segment=0, traceback_text=None)
-
-    @staticmethod
-    def _unkeyable(plan: ComputationPlan, sender: SenderPlan, record: Record[Any], error: KeyExtractionError,
-                   segment: int) -> Produced:
-        if plan.on_error is ErrorPolicy.FAIL:
-            raise ComputationFailed(unkeyable_message(plan.name, error, record.id)) from error.error
-        return dead_letter(plan.name, key=None, stream=sender.stream, sender=sender.producer, record_id=record.id,
-                           timestamp=record.timestamp, value=record.value, error=error.error, segment=segment)
 
     def _set_watermark(self, injector: str, partition: str, watermark: int) -> None:
         current = self._watermarks[(injector, partition)]
