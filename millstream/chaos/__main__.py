@@ -63,6 +63,14 @@ def schedule(kills: int, rng: random.Random) -> list[str | float]:
     return plan
 
 
+def _kill(text: str) -> str | float:
+    """A --kill-at value: seconds after start-up (a number) or a commit point."""
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
 def drive(args: argparse.Namespace, root: str, rate: float, kill: str | float | None, log: Any) -> int:
     """Run the driver once; kill it as told. Returns its exit code (negative: killed)."""
     command = [sys.executable, "-m", "millstream.chaos.driver", "--root", root, "--events", str(args.events),
@@ -96,9 +104,9 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(os.path.join(root, "sinks"), ignore_errors=True)
     os.makedirs(root, exist_ok=True)
     rng = random.Random(args.seed)
-    # Paced so the input lasts about as long as the kills and restarts take.
-    rate = max(20.0, args.events / max(60.0, args.kills * STARTUP_S))
-    kills: list[str | float] = list(args.kill_at) if args.kill_at else schedule(args.kills, rng)
+    kills: list[str | float] = [_kill(k) for k in args.kill_at] if args.kill_at else schedule(args.kills, rng)
+    # Paced so the input lasts longer than the kills and restarts take: every kill lands mid-run.
+    rate = max(2.0, args.events / (max(1, len(kills)) * STARTUP_S * 1.5))
     print(f"chaos: {args.events} records per injector over ~{args.events / rate:.0f} s, {len(kills)} kills, "
           f"root {root}")
     outcomes = []

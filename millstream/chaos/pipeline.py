@@ -87,23 +87,29 @@ class Ledger(Computation):
 
 
 class Lottery(Computation):
-    """Not deterministic on purpose: a random draw per entry, a running maximum in state."""
+    """Not deterministic on purpose: a random draw per entry; its state keeps the running maximum and
+    the running sum of the draws, and every output carries both (a chain a single draw published
+    from one attempt and kept from another would break)."""
 
     best = ValueState[float]("best", default=-1.0)
+    total = ValueState[float]("total", default=0.0)
     count = ValueState[int]("count", default=0)
 
     def process_record(self, ctx: Any, record: Record[Any]) -> None:
         draw = random.random()
-        best, count = ctx.state(self.best), ctx.state(self.count)
+        best, total, count = ctx.state(self.best), ctx.state(self.total), ctx.state(self.count)
         best.set(max(best.get(), draw))
+        total.set(total.get() + draw)
         count.set(count.get() + 1)
         ctx.produce(Record(ctx.key, {"entry": record.id, "seq": record.value["seq"], "draw": draw,
-                                     "best": best.get(), "count": count.get()}, record.timestamp), "draws")
+                                     "best": best.get(), "total": total.get(), "count": count.get()},
+                           record.timestamp), "draws")
         ctx.set_timer("final", 2**47 - 1)  # fires once the input is over: publishes the state
 
     def process_timer(self, ctx: Any, timer: Any) -> None:
         ctx.produce(Record(ctx.key, {"final": True, "best": ctx.state(self.best).get(),
-                                     "count": ctx.state(self.count).get()}, timer.time), "draws")
+                                     "total": ctx.state(self.total).get(), "count": ctx.state(self.count).get()},
+                           timer.time), "draws")
 
 
 class Auditor(Computation):

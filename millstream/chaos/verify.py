@@ -106,16 +106,16 @@ def verify(spec: ChaosSpec, root: str) -> list[Check]:
         per_account[draw["key"]].append(draw["value"])
     for account, chain in per_account.items():
         chain.sort(key=lambda v: v["count"])
-        best = -1.0
+        best, total = -1.0, 0.0
         for position, value in enumerate(chain, 1):
-            best = max(best, value["draw"])
-            if value["count"] != position or value["best"] != best:
-                check.broken.append(f"{account}: running maximum chain broken at draw {position}")
+            best, total = max(best, value["draw"]), total + value["draw"]  # the lottery's own arithmetic
+            if value["count"] != position or value["best"] != best or value["total"] != total:
+                check.broken.append(f"{account}: running maximum or sum chain broken at draw {position}")
                 break
         final = finals.get(account)
         if final is None:
             check.broken.append(f"{account}: no final state published")
-        elif final["count"] != len(chain) or final["best"] != (max(v["draw"] for v in chain) if chain else -1.0):
+        elif (final["count"], final["best"], final["total"]) != (len(chain), best, total):
             check.broken.append(f"{account}: published state {final} disagrees with its {len(chain)} draws")
     checks.append(check)
 

@@ -27,7 +27,7 @@ def chaos(tmp_path, *args):
 
 
 def test_kills_between_every_two_commits_lose_duplicate_and_alter_nothing(tmp_path):
-    done, report = chaos(tmp_path, "--kill-at", "staged@lottery:2", "--kill-at", "committed@ledger:2",
+    done, report = chaos(tmp_path, "--kill-at", "staged@lottery:4", "--kill-at", "committed@ledger:3",
                          "--kill-at", "published@lottery:1", "--kill-at", "delivered@lottery:1", "--kill-at", "6.0")
     assert report is not None, done.stdout + done.stderr
     killed = [k for k in report["kills"] if k["outcome"] == "killed"]
@@ -38,7 +38,8 @@ def test_kills_between_every_two_commits_lose_duplicate_and_alter_nothing(tmp_pa
 
 
 def test_the_checks_catch_a_computation_publishing_an_attempt_spark_did_not_keep(tmp_path):
-    done, report = chaos(tmp_path, "--kill-at", "staged@lottery:2", "--lottery-exactly-once-off")
+    done, report = chaos(tmp_path, "--kill-at", "staged@lottery:4", "--kill-at", "staged@lottery:4",
+                         "--lottery-exactly-once-off")
     assert report is not None, done.stdout + done.stderr
     lottery = next(c for c in report["checks"] if c["name"].startswith("lottery"))
     assert lottery["broken"], "a published first attempt and a kept re-run went unnoticed"
