@@ -199,10 +199,10 @@ class SparkRunner:
         if self._queries:
             return
         _pickle_user_code_by_value(self.pipeline)
+        self._started_ms = int(time.time() * 1000)
+        self._claim()  # before Spark starts: a root in use is refused in a moment
         spark = self.spark
         spark.dataSource.register(InputsDataSource)
-        self._started_ms = int(time.time() * 1000)
-        self._claim()
         self.sinks = SinkDelivery(self.root, sink_deliverers(spark, self.root, self.pipeline, set(self.commits)))
         self.publisher = Publisher(self.root, self.commits, self.sinks)
         self.publisher.catch_up()
