@@ -28,6 +28,8 @@ import bisect
 from dataclasses import dataclass, field, fields
 from typing import Any, Iterable, NamedTuple, Sequence
 
+import xxhash
+
 from millstream.core.deadletters import dead_letter, describe_error, user_traceback
 from millstream.core.production import Produced, order_base
 from millstream.core.keystate import KeyState, decoded_value
@@ -36,8 +38,8 @@ from millstream.core.store import KeyStore, StoredKey
 from millstream.core.watermarks import Segment
 from millstream.model.codecs import CodecError
 from millstream.model.pipeline import DEAD_LETTERS, ErrorPolicy
-from millstream.model.records import END_OF_TIME, Record, TimeDomain, Timer, derive_record_id
-from millstream.model.state import ListState, MapState, StateSpec, ValueState
+from millstream.model.records import END_OF_TIME, Record, TimeDomain, Timer
+from millstream.model.state import StateSpec
 
 __all__ = ["ComputationError", "ComputationFailed", "Delivery", "KeyGroupExecutor", "Produced", "StepMetrics",
            "StepResult", "inspect_key", "key_or_dead_letter"]
@@ -92,10 +94,10 @@ class StepResult:
 class _UserFailure(Exception):
     """User code raised; carries what failed (a delivery index or a timer) for the error policy."""
 
-    def __init__(self, error: BaseException, item: int | None = None, timer: tuple[str, int, str] | None = None,
+    def __init__(self, error: BaseException, items: tuple[int, ...] = (), timer: tuple[str, int, str] | None = None,
                  segment: int = 0) -> None:
         super().__init__(describe_error(error))
-        self.error, self.item, self.timer, self.segment = error, item, timer, segment
+        self.error, self.items, self.timer, self.segment = error, items, timer, segment
 
 
 class _StateFlushFailed(Exception):
@@ -106,7 +108,7 @@ class _Invocation:
     """The Context handed to user code for one key; collects productions."""
 
     __slots__ = ("_plan", "_state", "_key", "_low_watermark", "_wall_time", "_late", "_stream",
-                 "_cause", "_produced", "_out", "_segment", "_handles", "_order", "_advanced")
+                 "_cause", "_setter", "_produced", "_out", "_segment", "_handles", "_order", "_advanced")
 
     def __init__(self, plan: ComputationPlan, state: KeyState, key: str, wall_time: int, out: list[Produced]) -> None:
         self._plan = plan
@@ -117,16 +119,17 @@ class _Invocation:
         self._low_watermark = 0
         self._late = False
         self._stream: str | None = None
-        self._cause: tuple[Any, ...] = ()
+        self._cause = ""  # what this invocation's production ids derive from
+        self._setter = ""  # what timers set here record as their setter
         self._produced = 0
         self._segment = 0
         self._advanced = 0  # the watermark once the current input point is processed
         self._handles: dict[str, Any] = {}
         self._order = order_base(key)  # position of the key's next production in the step's output
 
-    def _begin(self, cause: tuple[Any, ...], stream: str | None, late: bool, low_watermark: int, segment: int,
+    def _begin(self, cause: str, setter: str, stream: str | None, late: bool, low_watermark: int, segment: int,
                advanced: int) -> None:
-        self._cause, self._stream, self._late, self._produced = cause, stream, late, 0
+        self._cause, self._setter, self._stream, self._late, self._produced = cause, setter, stream, late, 0
         self._low_watermark, self._segment, self._advanced = low_watermark, segment, advanced
 
     # -- Context -------------------------------------------------------------------------------
@@ -162,17 +165,26 @@ class _Invocation:
                 f"computation {self._plan.name!r} used state {spec!r} that is not declared as a class "
                 "attribute of the computation (declare it like `count = ValueState('count')`)"
             )
-        # The declared spec, not the one passed: persistence encodes with the declared codecs.
-        if isinstance(declared, MapState):
-            handle = _MapHandle(self, declared)
-        elif isinstance(declared, ListState):
-            handle = _ListHandle(self, declared)
-        else:
-            handle = _ValueHandle(self, declared)
+        # The declared spec, not the one passed: persistence encodes with the declared codecs. The
+        # handle is the state's cell itself (keystate.py): one call per access.
+        handle = self._state.cell(declared, self._wrote if declared.ttl_ms is not None else None)
         self._handles[declared.name] = handle
         return handle
 
     def set_timer(self, tag: str, time: int, domain: TimeDomain = TimeDomain.LOW_WATERMARK) -> None:
+        if type(tag) is not str or type(time) is not int or not -END_OF_TIME <= time <= END_OF_TIME:
+            self._bad_timer(tag, time)
+        if domain is TimeDomain.LOW_WATERMARK:
+            wall = False
+        elif domain is TimeDomain.WALL_TIME or domain == TimeDomain.WALL_TIME.value:
+            wall = True
+        elif domain == TimeDomain.LOW_WATERMARK.value:
+            wall = False
+        else:
+            raise ComputationError(f"{self._plan.name}: timer {tag!r} domain must be a TimeDomain, got {domain!r}")
+        self._state.set_timer(tag, time, wall, self._setter, self._segment)
+
+    def _bad_timer(self, tag: Any, time: Any) -> None:
         if not isinstance(tag, str):
             raise ComputationError(f"{self._plan.name}: timer tag must be str, got {type(tag).__name__}")
         if isinstance(time, bool) or not isinstance(time, int):
@@ -181,17 +193,26 @@ class _Invocation:
             )
         if not -END_OF_TIME <= time <= END_OF_TIME:
             raise ComputationError(f"{self._plan.name}: timer {tag!r} time {time} is out of range")
-        wall = domain is TimeDomain.WALL_TIME or domain == TimeDomain.WALL_TIME.value
-        if not wall and domain is not TimeDomain.LOW_WATERMARK and domain != TimeDomain.LOW_WATERMARK.value:
-            raise ComputationError(f"{self._plan.name}: timer {tag!r} domain must be a TimeDomain, got {domain!r}")
-        self._state.set_timer(tag, time, wall, _cause_id(self._cause), self._segment)
 
     def delete_timer(self, tag: str) -> None:
         self._state.timers.pop(tag, None)
 
     def produce(self, record: Record[Any], stream: str) -> None:
         codec = self._plan.output_codecs.get(stream)
-        if codec is None:
+        if codec is None or type(record) is not Record or type(record.key) is not str or \
+                type(record.timestamp) is not int:
+            self._bad_production(record, stream)
+        try:
+            value = record.encoded_value(codec)
+        except CodecError as error:
+            raise CodecError(f"stream {stream!r}: {error}") from None
+        record_id = xxhash.xxh3_128_hexdigest(f"{self._plan.name}\x1f{self._cause}\x1f{self._produced}".encode())[:24]
+        self._produced += 1
+        self._out.append(Produced(stream, record.key, value, record.timestamp, record_id, self._segment, self._order))
+        self._order += 1
+
+    def _bad_production(self, record: Any, stream: str) -> None:
+        if stream not in self._plan.output_codecs:
             raise ComputationError(
                 f"computation {self._plan.name!r} produced to stream {stream!r}, which is not among its "
                 f"declared outputs {sorted(s for s in self._plan.output_codecs if s != DEAD_LETTERS)}"
@@ -204,18 +225,9 @@ class _Invocation:
             )
         if isinstance(record.timestamp, bool) or not isinstance(record.timestamp, int):
             raise ComputationError(f"{self._plan.name}: record timestamp must be int milliseconds")
-        try:
-            value = record.encoded_value(codec)
-        except CodecError as error:
-            raise CodecError(f"stream {stream!r}: {error}") from None
-        record_id = derive_record_id(self._plan.name, *self._cause, self._produced)
-        self._produced += 1
-        self._out.append(Produced(stream, record.key, value, record.timestamp, record_id, self._segment, self._order))
-        self._order += 1
 
     def clear(self) -> None:
         self._state.clear()
-        self._handles.clear()
 
     def _wrote(self, spec: StateSpec) -> None:
         # Counted from the watermark once this input point is processed: a value written in the very
@@ -223,83 +235,22 @@ class _Invocation:
         self._state.touched(spec, self._advanced)
 
 
-def _cause_id(cause: tuple[Any, ...]) -> str:
-    """A short identity of an invocation, recorded with the timers it sets."""
-    return derive_record_id(*map(str, cause))[:16] if cause else ""
+def record_cause(stream: str, record_id: str) -> str:
+    """The identity of a record's invocation: its productions' ids derive from it, and the timers it
+    sets record it as their setter. Unique per computation: a record is delivered once."""
+    return f"r\x1f{stream}\x1f{record_id}"
 
 
-class _ValueHandle:
-    __slots__ = ("_ctx", "spec", "_ttl")
-
-    def __init__(self, ctx: _Invocation, spec: ValueState[Any]) -> None:
-        self._ctx, self.spec, self._ttl = ctx, spec, spec.ttl_ms is not None
-
-    def get(self) -> Any:
-        return self._ctx._state.cell(self.spec).get()
-
-    def set(self, value: Any) -> None:
-        self._ctx._state.cell(self.spec).set(value)
-        if self._ttl:
-            self._ctx._wrote(self.spec)
-
-    def clear(self) -> None:
-        self._ctx._state.cell(self.spec).clear()
+def timer_cause(key: str, tag: str, time: int, setter: str) -> str:
+    """The identity of a timer firing: (key, tag, time) and the invocation that set it, so a key
+    reborn after losing all its state still fires timers with fresh identities (no counter)."""
+    return f"t\x1f{key}\x1f{tag}\x1f{time}\x1f{setter}"
 
 
-class _ListHandle:
-    __slots__ = ("_ctx", "spec", "_ttl")
-
-    def __init__(self, ctx: _Invocation, spec: ListState[Any]) -> None:
-        self._ctx, self.spec, self._ttl = ctx, spec, spec.ttl_ms is not None
-
-    def get(self) -> list[Any]:
-        return self._ctx._state.cell(self.spec).items  # type: ignore[no-any-return]
-
-    def append(self, value: Any) -> None:
-        self._ctx._state.cell(self.spec).items.append(value)
-        if self._ttl:
-            self._ctx._wrote(self.spec)
-
-    def set(self, values: list[Any]) -> None:
-        self._ctx._state.cell(self.spec).items = list(values)
-        if self._ttl:
-            self._ctx._wrote(self.spec)
-
-    def clear(self) -> None:
-        self._ctx._state.cell(self.spec).items = []
-
-
-class _MapHandle:
-    __slots__ = ("_ctx", "spec", "_ttl")
-
-    def __init__(self, ctx: _Invocation, spec: MapState[Any, Any]) -> None:
-        self._ctx, self.spec, self._ttl = ctx, spec, spec.ttl_ms is not None
-
-    def get(self, key: Any, default: Any = None) -> Any:
-        return self._ctx._state.cell(self.spec).get(key, default)
-
-    def put(self, key: Any, value: Any) -> None:
-        self._ctx._state.cell(self.spec).put(key, value)
-        if self._ttl:
-            self._ctx._wrote(self.spec)
-
-    def remove(self, key: Any) -> None:
-        self._ctx._state.cell(self.spec).remove(key)
-
-    def contains(self, key: Any) -> bool:
-        return self._ctx._state.cell(self.spec).contains(key)  # type: ignore[no-any-return]
-
-    def items(self) -> Any:
-        return self._ctx._state.cell(self.spec).items()
-
-    def keys(self) -> Any:
-        return self._ctx._state.cell(self.spec).keys()
-
-    def __len__(self) -> int:
-        return len(self._ctx._state.cell(self.spec))
-
-    def clear(self) -> None:
-        self._ctx._state.cell(self.spec).clear()
+def timer_setter(cause: str) -> str:
+    """A firing's identity as the setter of the timers it sets: hashed, so chains of timers setting
+    timers stay bounded in size."""
+    return xxhash.xxh3_64_hexdigest(cause.encode())
 
 
 class _KeyStep:
@@ -321,38 +272,18 @@ class _KeyStep:
         self.firings = 0
 
     def run(self, items: Sequence[tuple[int, Delivery]]) -> None:
-        plan, state, ctx = self.plan, self.state, self.ctx
-        computation = plan.computation
-        segments = self.segments
-        current = -1  # input point of the records being delivered
-        for index, delivery in items:
-            j = delivery.segment
-            if j != current:
-                if j > 0:  # the key's timers made due before this point fire before its records
-                    self.fire(segments[j - 1].advanced_to, j - 1)
-                current = j
-            if index in self.skip_items:
-                continue
-            record = delivery.record
-            if delivery.dedup:
-                if record.id in state.seen:
-                    self.metrics.duplicates += 1
-                    continue
-                # Kept until the watermark has moved a horizon past the later of the point's
-                # advanced watermark and the record's time: never forgotten in the step that read it.
-                state.seen[record.id] = max(segments[j].advanced_to, record.timestamp)
-            low_watermark = segments[j].low_watermark
-            late = record.timestamp < low_watermark
-            self.metrics.records += 1
-            self.metrics.late += late
-            ctx._begin(("r", delivery.stream, record.id), delivery.stream, late, low_watermark, j,
-                       segments[j].advanced_to)
-            try:
-                computation.process_record(ctx, record)
-                if self.flush_each:
-                    state.flush(plan.state_specs)
-            except Exception as error:
-                raise _UserFailure(error, item=index, segment=j) from error
+        plan, state, segments = self.plan, self.state, self.segments
+        deliver = self.deliver_batch if plan.batched else self.deliver_each
+        position, count = 0, len(items)
+        while position < count:  # the key's records, one input point at a time
+            j = items[position][1].segment
+            end = position + 1
+            while end < count and items[end][1].segment == j:
+                end += 1
+            if j > 0:  # the key's timers made due before this point fire before its records
+                self.fire(segments[j - 1].advanced_to, j - 1)
+            deliver(items[position:end], j)
+            position = end
         last = len(segments) - 1
         self.fire(segments[last].advanced_to, last, wall=True)
         state.expire(segments[last].advanced_to, plan.dedup_horizon_ms, plan.ttls)
@@ -360,6 +291,60 @@ class _KeyStep:
             state.flush(plan.state_specs)
         except CodecError as error:
             raise _StateFlushFailed(str(error)) from error
+        state.end_step()
+
+    def admit(self, delivery: Delivery, j: int) -> bool:
+        """Dedup and counters for one delivery; False for a duplicate."""
+        record = delivery.record
+        if delivery.dedup:
+            seen = self.state.seen
+            if record.id in seen:
+                self.metrics.duplicates += 1
+                return False
+            # Kept until the watermark has moved a horizon past the later of the point's advanced
+            # watermark and the record's time: never forgotten in the step that read it.
+            advanced = self.segments[j].advanced_to
+            seen[record.id] = advanced if advanced > record.timestamp else record.timestamp
+        self.metrics.records += 1
+        return True
+
+    def deliver_each(self, items: Sequence[tuple[int, Delivery]], j: int) -> None:
+        state, ctx, plan = self.state, self.ctx, self.plan
+        process_record = plan.computation.process_record
+        low_watermark, advanced = self.segments[j]
+        metrics, skip = self.metrics, self.skip_items
+        for index, delivery in items:
+            if index in skip or not self.admit(delivery, j):
+                continue
+            record = delivery.record
+            late = record.timestamp < low_watermark
+            metrics.late += late
+            cause = f"r\x1f{delivery.stream}\x1f{record.id}"  # record_cause, inlined: once per record
+            ctx._begin(cause, cause, delivery.stream, late, low_watermark, j, advanced)
+            try:
+                process_record(ctx, record)
+                if self.flush_each:
+                    state.flush(plan.state_specs)
+            except Exception as error:
+                raise _UserFailure(error, items=(index,), segment=j) from error
+
+    def deliver_batch(self, items: Sequence[tuple[int, Delivery]], j: int) -> None:
+        """process_records: the key's records of one input point in one call."""
+        admitted = [(index, d) for index, d in items if index not in self.skip_items and self.admit(d, j)]
+        if not admitted:
+            return
+        low_watermark, advanced = self.segments[j]
+        records = [d.record for _, d in admitted]
+        self.metrics.late += sum(1 for r in records if r.timestamp < low_watermark)
+        first = admitted[0][1]
+        cause = record_cause(first.stream, first.record.id)
+        self.ctx._begin(cause, cause, first.stream, False, low_watermark, j, advanced)
+        try:
+            self.plan.computation.process_records(self.ctx, records)
+            if self.flush_each:
+                self.state.flush(self.plan.state_specs)
+        except Exception as error:
+            raise _UserFailure(error, items=tuple(i for i, _ in admitted), segment=j) from error
 
     def fire(self, low_watermark: int, boundary: int, wall: bool = False) -> None:
         """Fire the key's timers due by `low_watermark` (and by the wall clock, with `wall`) in
@@ -387,7 +372,8 @@ class _KeyStep:
             self.metrics.timers_fired += 1
             domain = TimeDomain.WALL_TIME if timer.wall else TimeDomain.LOW_WATERMARK
             at = self.segments[point].advanced_to
-            ctx._begin(("t", self.key, tag, timer.time, timer.setter), None, False, at, point, at)
+            cause = timer_cause(self.key, tag, timer.time, timer.setter)
+            ctx._begin(cause, timer_setter(cause), None, False, at, point, at)
             try:
                 plan.computation.process_timer(ctx, Timer(timer.time, tag, domain))
                 if self.flush_each:
@@ -466,14 +452,15 @@ class KeyGroupExecutor:
                 flush_each = True  # run again, encoding after every invocation, to find the culprit
                 continue
             except _UserFailure as failure:
-                delivery = items[[i for i, _ in items].index(failure.item)][1] if failure.item is not None else None
+                by_index = dict(items)
+                failed = [by_index[i] for i in failure.items] or [None]
                 if self.plan.on_error is ErrorPolicy.FAIL:
-                    raise ComputationFailed(self._failure_message(key, delivery, failure)) from None
-                out.append(self._dead_letter(key, delivery, failure))
-                metrics.dead_letters += 1
-                if failure.item is not None:
-                    skip_items.add(failure.item)
-                elif failure.timer is not None:
+                    raise ComputationFailed(self._failure_message(key, failed[0], failure)) from None
+                for delivery in failed:
+                    out.append(self._dead_letter(key, delivery, failure))
+                    metrics.dead_letters += 1
+                skip_items.update(failure.items)
+                if failure.timer is not None:
                     skip_timers.add(failure.timer)
         raise ComputationError(f"computation {self.plan.name!r}, key {key!r}: step did not settle")
 

@@ -60,17 +60,18 @@ class KeyState:
         return not (self.values or self.timers or self.seen)
 
     # -- state values --------------------------------------------------------------------------
-    def cell(self, spec: StateSpec) -> Any:
-        """The step's live cell for a state: decoded on first use."""
+    def cell(self, spec: StateSpec, on_write: Any = None) -> Any:
+        """The step's live cell for a state, decoded on first use: what `ctx.state()` hands to user
+        code. `on_write(spec)` is called on writes (TTL bookkeeping), if given."""
         cell = self._live.get(spec.name)
         if cell is None:
             stored = self.values.get(spec.name, _ABSENT)
             if isinstance(spec, MapState):
-                cell = MapCell(spec, {} if stored is _ABSENT else stored)
+                cell = MapCell(spec, {} if stored is _ABSENT else stored, on_write)
             elif isinstance(spec, ListState):
-                cell = ListCell(spec, [] if stored is _ABSENT else [spec.codec.decode(b) for b in stored])
+                cell = ListCell(spec, [] if stored is _ABSENT else [spec.codec.decode(b) for b in stored], on_write)
             else:
-                cell = ValueCell(spec, _ABSENT if stored is _ABSENT else spec.codec.decode(stored))
+                cell = ValueCell(spec, _ABSENT if stored is _ABSENT else spec.codec.decode(stored), on_write)
             self._live[spec.name] = cell
         return cell
 
@@ -80,15 +81,25 @@ class KeyState:
             self.written[spec.name] = watermark
 
     def clear(self) -> None:
-        """Drop every state value and pending timer (ctx.clear()); dedup ids stay."""
+        """Drop every state value and pending timer (ctx.clear()); dedup ids stay. Cells handed out
+        this step stay usable: they are emptied, not replaced."""
         self.values.clear()
         self.written.clear()
         self.timers.clear()
-        self._live.clear()
+        for cell in self._live.values():
+            cell.clear()
+
+    def drop(self, name: str) -> None:
+        """Remove one state's value (TTL expiry)."""
+        self.values.pop(name, None)
+        self.written.pop(name, None)
+        cell = self._live.get(name)
+        if cell is not None:
+            cell.clear()
 
     def flush(self, specs: dict[str, StateSpec]) -> None:
         """Encode every cell of this step (user code may have mutated values in place). Empty lists
-        and maps, None values and cleared states are not stored at all."""
+        and maps, None values and cleared states are not stored at all. Cells stay valid."""
         for name, cell in self._live.items():
             try:
                 encoded = cell.encode()
@@ -99,6 +110,9 @@ class KeyState:
                 self.written.pop(name, None)
             elif encoded is not _ABSENT:
                 self.values[name] = encoded
+
+    def end_step(self) -> None:
+        """Forget the step's cells and timer boundaries (after the last flush of a step)."""
         self._live.clear()
         self._boundary.clear()
 
@@ -139,9 +153,7 @@ class KeyState:
                 self.seen = {rid: mark for rid, mark in self.seen.items() if mark >= cutoff}
         for name, mark in list(self.written.items()):
             if low_watermark > mark + ttls[name]:
-                self.values.pop(name, None)
-                self.written.pop(name, None)
-                self._live.pop(name, None)
+                self.drop(name)
 
     def user_timers(self) -> list[Timer]:
         return sorted(Timer(t.time, tag, TimeDomain.WALL_TIME if t.wall else TimeDomain.LOW_WATERMARK)
@@ -152,13 +164,16 @@ _IMMUTABLE = (int, float, str, bool, bytes, type(None))
 
 
 class ValueCell:
-    __slots__ = ("spec", "value", "origin", "deleted")
+    """A value state during one step, and the handle user code gets for it."""
 
-    def __init__(self, spec: ValueState[Any], stored: Any) -> None:
+    __slots__ = ("spec", "value", "origin", "deleted", "on_write")
+
+    def __init__(self, spec: ValueState[Any], stored: Any, on_write: Any = None) -> None:
         self.spec = spec
         self.value = stored
         self.origin = "stored" if stored is not _ABSENT else "absent"  # or "default", "set"
         self.deleted = False  # cleared this step: the stored value must go
+        self.on_write = on_write
 
     def get(self) -> Any:
         if self.origin == "absent":
@@ -170,6 +185,8 @@ class ValueCell:
 
     def set(self, value: Any) -> None:
         self.value, self.origin = value, "set"
+        if self.on_write is not None:
+            self.on_write(self.spec)
 
     def clear(self) -> None:
         self.value, self.origin, self.deleted = _ABSENT, "absent", True
@@ -182,99 +199,119 @@ class ValueCell:
             return unchanged
         if origin == "default" and type(value) is type(self.spec.default) and value == self.spec.default:
             return unchanged  # only read, never changed: nothing to store
-        return None if value is None else self.spec.codec.encode(value)
+        if value is None:
+            return None
+        encoded = self.spec.codec.encode(value)
+        self.origin, self.deleted = "stored", False  # what is stored now
+        return encoded
 
 
 class ListCell:
-    __slots__ = ("spec", "items")
+    """A list state during one step, and the handle user code gets for it."""
 
-    def __init__(self, spec: ListState[Any], items: list[Any]) -> None:
-        self.spec, self.items = spec, items
+    __slots__ = ("spec", "items", "on_write")
+
+    def __init__(self, spec: ListState[Any], items: list[Any], on_write: Any = None) -> None:
+        self.spec, self.items, self.on_write = spec, items, on_write
+
+    def get(self) -> list[Any]:
+        return self.items
+
+    def append(self, value: Any) -> None:
+        self.items.append(value)
+        if self.on_write is not None:
+            self.on_write(self.spec)
+
+    def set(self, values: list[Any]) -> None:
+        self.items = list(values)
+        if self.on_write is not None:
+            self.on_write(self.spec)
+
+    def clear(self) -> None:
+        self.items = []
 
     def encode(self) -> Any:
         codec = self.spec.codec
         return [codec.encode(v) for v in self.items] or None
 
 
+_MISSING: Any = object()
+
+
 class MapCell:
-    """A map state during one step: entries decode one at a time; changed and read entries are
-    re-encoded at the end of the step (a read value may have been mutated in place)."""
+    """A map state during one step, and the handle user code gets for it. Entries are decoded one at
+    a time, on first read, and kept by their (hashable) key; changed and read entries are encoded
+    again at the end of the step (a read value may have been mutated in place)."""
 
-    __slots__ = ("spec", "stored", "live", "cleared")
+    __slots__ = ("spec", "stored", "live", "on_write")
 
-    def __init__(self, spec: MapState[Any, Any], stored: dict[bytes, bytes]) -> None:
+    def __init__(self, spec: MapState[Any, Any], stored: dict[bytes, bytes], on_write: Any = None) -> None:
         self.spec = spec
         self.stored = stored  # encoded key -> encoded value, as persisted
-        self.live: dict[bytes, tuple[Any, Any]] = {}  # encoded key -> (key, value or _REMOVED)
-        self.cleared = False
-
-    def _key(self, key: Any) -> bytes:
-        return self.spec.key_codec.encode(key)  # type: ignore[no-any-return]
+        self.live: dict[Any, Any] = {}  # key -> value (or _REMOVED) read or written this step
+        self.on_write = on_write
 
     def get(self, key: Any, default: Any = None) -> Any:
-        encoded = self._key(key)
-        entry = self.live.get(encoded)
-        if entry is not None:
-            return default if entry[1] is _REMOVED else entry[1]
-        data = self.stored.get(encoded)
-        if data is None:
-            return default
-        value = self.spec.value_codec.decode(data)
-        self.live[encoded] = (key, value)
-        return value
+        value = self.live.get(key, _MISSING)
+        if value is _MISSING:
+            data = self.stored.get(self.spec.key_codec.encode(key))
+            if data is None:
+                return default
+            value = self.live[key] = self.spec.value_codec.decode(data)
+        return default if value is _REMOVED else value
 
     def put(self, key: Any, value: Any) -> None:
-        self.live[self._key(key)] = (key, value)
+        self.live[key] = value
+        if self.on_write is not None:
+            self.on_write(self.spec)
 
     def remove(self, key: Any) -> None:
-        encoded = self._key(key)
-        if encoded in self.stored or encoded in self.live:
-            self.live[encoded] = (key, _REMOVED)
+        self.live[key] = _REMOVED
 
     def contains(self, key: Any) -> bool:
-        encoded = self._key(key)
-        entry = self.live.get(encoded)
-        if entry is not None:
-            return entry[1] is not _REMOVED
-        return encoded in self.stored
+        value = self.live.get(key, _MISSING)
+        if value is _MISSING:
+            return self.spec.key_codec.encode(key) in self.stored
+        return value is not _REMOVED
 
     def clear(self) -> None:
-        self.stored = {}
-        self.live = {}
-        self.cleared = True
+        for encoded in self.stored:
+            self.live[self.spec.key_codec.decode(encoded)] = _REMOVED
 
-    def _all(self) -> dict[bytes, tuple[Any, Any]]:
+    def _all(self) -> dict[Any, Any]:
         """Every entry decoded (iteration needs them all)."""
-        key_codec, value_codec = self.spec.key_codec, self.spec.value_codec
+        key_codec, value_codec, live = self.spec.key_codec, self.spec.value_codec, self.live
         for encoded, data in self.stored.items():
-            if encoded not in self.live:
-                self.live[encoded] = (key_codec.decode(encoded), value_codec.decode(data))
-        return self.live
+            key = key_codec.decode(encoded)
+            if key not in live:
+                live[key] = value_codec.decode(data)
+        return live
 
     def items(self) -> Iterator[tuple[Any, Any]]:
-        return iter([(k, v) for k, v in self._all().values() if v is not _REMOVED])
+        return iter([(k, v) for k, v in self._all().items() if v is not _REMOVED])
 
     def keys(self) -> Iterator[Any]:
-        return iter([k for k, v in self._all().values() if v is not _REMOVED])
+        return iter([k for k, v in self._all().items() if v is not _REMOVED])
 
     def __len__(self) -> int:
-        if not self.live:
-            return len(self.stored)
-        return len(self.stored) + sum(
-            1 if encoded not in self.stored and v is not _REMOVED else (-1 if v is _REMOVED and encoded in self.stored else 0)
-            for encoded, (_, v) in self.live.items())
+        return sum(1 for v in self._all().values() if v is not _REMOVED)
 
     def encode(self) -> Any:
-        if not self.live and not self.cleared:
+        if not self.live:
             return _ABSENT
-        merged = self.stored  # owned by the KeyState; a failed step reloads the key from its blob
-        value_codec = self.spec.value_codec
-        for encoded, (_, value) in self.live.items():
+        stored = self.stored  # owned by the KeyState; a failed step reloads the key from its blob
+        key_codec, value_codec = self.spec.key_codec, self.spec.value_codec
+        removed = []
+        for key, value in self.live.items():
+            encoded = key_codec.encode(key)
             if value is _REMOVED:
-                merged.pop(encoded, None)
+                stored.pop(encoded, None)
+                removed.append(key)
             else:
-                merged[encoded] = value_codec.encode(value)
-        return merged or None
+                stored[encoded] = value_codec.encode(value)
+        for key in removed:
+            del self.live[key]
+        return stored or None
 
 
 def decoded_value(cell: Any) -> Any:

@@ -102,6 +102,11 @@ class ComputationPlan:
     exactly_once: bool = True
     key_groups: int = DEFAULT_KEY_GROUPS
 
+    @property
+    def batched(self) -> bool:
+        """The computation takes a key's records of an input point in one call (process_records)."""
+        return type(self.computation).process_records is not Computation.process_records
+
     def input(self, stream: str) -> InputPlan:
         for plan in self.inputs:
             if plan.stream == stream:

@@ -126,3 +126,12 @@ class Computation(ABC):
 
     def process_timer(self, ctx: Context, timer: Timer) -> None:
         """Called when a timer set by `ctx.set_timer` fires."""
+
+    def process_records(self, ctx: Context, records: list[Record[Any]]) -> None:
+        """Optional, for code that can work on many records at once (Bytewax's `on_batch`, Spark's
+        `handleInputRows`): when a subclass overrides it, it is called instead of `process_record`
+        with the key's records of one input point, in input order, duplicates removed. Late records
+        are those stamped behind `ctx.low_watermark` (`ctx.is_late` is False here). Under the
+        dead_letter policy, a call that raises sends all of its records to dead letters."""
+        for record in records:
+            self.process_record(ctx, record)
