@@ -2,6 +2,7 @@
 
     millstream new NAME                       write a runnable starter project into ./NAME
     millstream run module:pipeline [--root DIR] [--master URL] [--fresh] [--runner spark|harness]
+    millstream rescale ROOT --parallelism N [--computation NAME ...]   (the pipeline stopped)
 
 Options are checked before anything is created, deleted or started; a bad value, an unreachable
 master or an unusable directory ends the command in one line with exit code 2 (see
@@ -25,6 +26,7 @@ from millstream.console.options import (
     check_master,
     check_writable_directory,
     positive_float,
+    positive_int,
     quiet_library_warnings,
 )
 from millstream.console.progress import ProgressDisplay, RateMeter, Snapshot
@@ -64,6 +66,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     run.add_argument("--runner", choices=("spark", "harness"), default="spark",
                      help="spark (default) or harness: in-process, no Spark, nothing kept")
     run.add_argument("--timeout", type=positive_float, default=None, help="give up after this many seconds")
+
+    rescale = commands.add_parser("rescale", help="change a stopped pipeline's Spark state partitions (tasks) "
+                                                  "per computation; the output stays the same")
+    rescale.add_argument("root", help="the pipeline's root")
+    rescale.add_argument("--parallelism", type=positive_int, required=True, help="state partitions per computation")
+    rescale.add_argument("--computation", action="append", default=None,
+                         help="only this computation (repeatable; default: all)")
+    rescale.add_argument("--master", default="local[*]", help="Spark master (default %(default)s)")
     return parser.parse_args(argv)
 
 
@@ -76,7 +86,29 @@ def _main(argv: Sequence[str] | None) -> int:
     args = parse_args(argv)
     if args.command == "new":
         return new_project(args.name, args.directory)
+    if args.command == "rescale":
+        return rescale_root(args)
     return run_pipeline(args)
+
+
+# -- millstream rescale -------------------------------------------------------------------------------
+def rescale_root(args: argparse.Namespace) -> int:
+    if not os.path.exists(os.path.join(args.root, ROOT_MARKER)):
+        raise UsageError(f"{args.root} is not a millstream root (no {ROOT_MARKER})")
+    check_master(args.master)
+    from millstream.spark.rescale import RescaleError, rescale
+    from millstream.spark.session import create_session
+
+    spark = create_session(args.master, "millstream-rescale", log_path=os.path.join(args.root, "spark.log"))
+    try:
+        done = rescale(spark, os.path.abspath(args.root), args.parallelism, args.computation)
+    except RescaleError as error:
+        raise UsageError(str(error)) from None
+    finally:
+        spark.stop()
+    for name, (before, after) in done.items():
+        print(f"{name}: {before} -> {after} state partitions")
+    return 0
 
 
 # -- millstream new ---------------------------------------------------------------------------------

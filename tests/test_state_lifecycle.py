@@ -47,16 +47,19 @@ def test_dedup_ids_of_a_key_never_touched_again_expire_on_schedule():
     h = PipelineHarness(p)
     h.feed("src", [Record("quiet", 1, 10, "a")], watermark=0)
     h.run()
-    assert h.keys("fwd") == ["quiet"]  # holds the id "a" to discard a duplicate
+    assert h.dedup_ids("fwd") == [("quiet", "a")] and h.keys("fwd") == []  # ids do not keep keys alive
     h.feed("src", [Record("busy", 1, 500, "b")], watermark=900)
     h.run()
-    assert "quiet" in h.keys("fwd")  # 900 < 10 + 1000: still within the horizon
+    assert ("quiet", "a") in h.dedup_ids("fwd")  # 900 < 10 + 1000: still within the horizon
+    h.feed("src", [Record("quiet", 1, 10, "a")])  # a duplicate now is caught
+    h.run()
+    assert h.metrics("fwd").duplicates == 1
     h.advance_watermark("src", 1_011)  # the horizon has passed for "a"; "quiet" sees nothing new
     h.run()
-    assert "quiet" not in h.keys("fwd")
+    assert ("quiet", "a") not in h.dedup_ids("fwd")
     h.advance_watermark("src", 5_000)
     h.run()
-    assert h.keys("fwd") == []
+    assert h.dedup_ids("fwd") == []
 
 
 def test_internal_streams_carry_no_dedup_state():
@@ -67,8 +70,8 @@ def test_internal_streams_carry_no_dedup_state():
     h.feed("src", [Record(f"k{i}", i, i, f"r{i}") for i in range(20)], watermark=0)
     h.run()
     assert len(h.output("end")) == 20
-    assert h.keys("down") == []  # nothing to remember: its input cannot hold duplicates
-    assert len(h.keys("fwd")) == 20  # the injector's records can: their ids are kept
+    assert h.dedup_ids("down") == []  # nothing to remember: its input cannot hold duplicates
+    assert len(h.dedup_ids("fwd")) == 20  # the injector's records can: their ids are kept
 
 
 def test_ids_read_in_a_step_whose_watermark_jumps_past_the_horizon_are_kept():
@@ -153,10 +156,8 @@ def test_ctx_clear_discards_everything_of_the_key():
     h.feed("src", [Record("k", "forget", 3, "3")], watermark=5)
     h.run()
     assert h.state("forget", "k") == {} and h.pending_timers("forget", "k") == []
-    assert h.keys("forget") == ["k"]  # dedup ids stay until their horizon: duplicates are still caught
-    h.advance_watermark("src", 6)
-    h.run()
     assert h.keys("forget") == []
+    assert ("k", "3") in h.dedup_ids("forget")  # dedup ids stay until their horizon: duplicates are still caught
 
 
 class Windower(Computation):
@@ -197,15 +198,16 @@ def test_state_stays_flat_over_event_time_as_keys_come_and_go():
         if watermark >= END_OF_TIME:
             break
         if not samples or watermark - samples[-1][0] >= 60_000:
-            stores = [e.store.blobs for e in h._run("windower").executors]
-            samples.append((watermark, sum(len(s) for s in stores), sum(len(b.blob) for s in stores for b in s.values())))
+            stores = [e.store for e in h._run("windower").executors]
+            samples.append((watermark, sum(len(s.dedup) for s in stores),
+                            sum(len(b.blob) for s in stores for b in s.blobs.values())))
     steady = [s for s in samples if s[0] >= 3 * horizon_ms]  # well past the horizon
     assert len(steady) >= 10
-    keys_held = [k for _, k, _ in steady]
+    ids_held = [k for _, k, _ in steady]
     bytes_held = [b for _, _, b in steady]
-    assert max(keys_held) <= 1.1 * min(keys_held), f"keys held grew: {keys_held}"
-    assert max(bytes_held) <= 1.1 * min(bytes_held), f"bytes held grew: {bytes_held}"
+    assert max(ids_held) <= 1.1 * min(ids_held), f"dedup ids held grew: {ids_held}"
+    assert max(bytes_held) <= 1.1 * min(bytes_held), f"state bytes held grew: {bytes_held}"
     # What is held is what arrived within the horizon (plus one step: an id's horizon counts from the
     # watermark once its step is processed), not everything ever seen.
     step_ms = 5_000 / rate_per_ms
-    assert max(keys_held) <= 1.1 * (horizon_ms + step_ms) / per_key_ms < keys_total / 5
+    assert max(ids_held) <= 1.1 * (horizon_ms + step_ms) * rate_per_ms < total / 5

@@ -46,6 +46,7 @@ __all__ = ["ComputationError", "ComputationFailed", "Delivery", "KeyGroupExecuto
 
 # A key's timers that keep re-arming themselves behind the watermark would loop inside one step.
 MAX_TIMER_FIRINGS_PER_STEP = 100_000
+_WALL, _LOW_WATERMARK = TimeDomain.WALL_TIME, TimeDomain.LOW_WATERMARK
 
 
 class ComputationError(RuntimeError):
@@ -75,6 +76,7 @@ class StepMetrics:
     timers_fired: int = 0
     productions: int = 0
     dead_letters: int = 0
+    state_bytes: int = 0  # bytes of the state the step changed: changed keys' blobs and new dedup ids
 
     def add(self, other: "StepMetrics") -> None:
         for item in fields(self):
@@ -120,15 +122,15 @@ class _Invocation:
         self._late = False
         self._stream: str | None = None
         self._cause = ""  # what this invocation's production ids derive from
-        self._setter = ""  # what timers set here record as their setter
+        self._setter: str | None = ""  # what timers set here record as their setter (None: not derived yet)
         self._produced = 0
         self._segment = 0
         self._advanced = 0  # the watermark once the current input point is processed
         self._handles: dict[str, Any] = {}
         self._order = order_base(key)  # position of the key's next production in the step's output
 
-    def _begin(self, cause: str, setter: str, stream: str | None, late: bool, low_watermark: int, segment: int,
-               advanced: int) -> None:
+    def _begin(self, cause: str, setter: str | None, stream: str | None, late: bool, low_watermark: int,
+               segment: int, advanced: int) -> None:
         self._cause, self._setter, self._stream, self._late, self._produced = cause, setter, stream, late, 0
         self._low_watermark, self._segment, self._advanced = low_watermark, segment, advanced
 
@@ -182,7 +184,10 @@ class _Invocation:
             wall = False
         else:
             raise ComputationError(f"{self._plan.name}: timer {tag!r} domain must be a TimeDomain, got {domain!r}")
-        self._state.set_timer(tag, time, wall, self._setter, self._segment)
+        setter = self._setter
+        if setter is None:  # a timer firing sets a timer: its identity, hashed to stay bounded
+            setter = self._setter = timer_setter(self._cause)
+        self._state.set_timer(tag, time, wall, setter, self._segment)
 
     def _bad_timer(self, tag: Any, time: Any) -> None:
         if not isinstance(tag, str):
@@ -268,6 +273,8 @@ class _KeyStep:
         self.out: list[Produced] = []
         self.metrics = StepMetrics()
         self.skip_items, self.skip_timers, self.flush_each = skip_items, skip_timers, flush_each
+        self.store = executor.store
+        self.seen: dict[str, int] = {}  # ids of injected records this step, with their marks
         self.ctx = _Invocation(self.plan, self.state, key, wall_time, self.out)
         self.firings = 0
 
@@ -286,7 +293,8 @@ class _KeyStep:
             position = end
         last = len(segments) - 1
         self.fire(segments[last].advanced_to, last, wall=True)
-        state.expire(segments[last].advanced_to, plan.dedup_horizon_ms, plan.ttls)
+        if state.written:
+            state.expire(segments[last].advanced_to, plan.ttls)
         try:
             state.flush(plan.state_specs)
         except CodecError as error:
@@ -297,14 +305,14 @@ class _KeyStep:
         """Dedup and counters for one delivery; False for a duplicate."""
         record = delivery.record
         if delivery.dedup:
-            seen = self.state.seen
-            if record.id in seen:
+            rid = record.id
+            if rid in self.seen or self.store.seen(self.key, rid):
                 self.metrics.duplicates += 1
                 return False
             # Kept until the watermark has moved a horizon past the later of the point's advanced
             # watermark and the record's time: never forgotten in the step that read it.
             advanced = self.segments[j].advanced_to
-            seen[record.id] = advanced if advanced > record.timestamp else record.timestamp
+            self.seen[rid] = advanced if advanced > record.timestamp else record.timestamp
         self.metrics.records += 1
         return True
 
@@ -319,7 +327,7 @@ class _KeyStep:
             record = delivery.record
             late = record.timestamp < low_watermark
             metrics.late += late
-            cause = f"r\x1f{delivery.stream}\x1f{record.id}"  # record_cause, inlined: once per record
+            cause = record_cause(delivery.stream, record.id)
             ctx._begin(cause, cause, delivery.stream, late, low_watermark, j, advanced)
             try:
                 process_record(ctx, record)
@@ -349,7 +357,10 @@ class _KeyStep:
     def fire(self, low_watermark: int, boundary: int, wall: bool = False) -> None:
         """Fire the key's timers due by `low_watermark` (and by the wall clock, with `wall`) in
         (time, tag) order, each tagged with the input point it belongs to (timer_point)."""
-        state, ctx, plan = self.state, self.ctx, self.plan
+        state, ctx, plan, segments = self.state, self.ctx, self.plan, self.segments
+        process_timer = plan.computation.process_timer
+        skip = self.skip_timers
+        single = len(segments) == 1
         lw = low_watermark
         wall_time = self.wall_time if wall else -END_OF_TIME - 1
         while state.timers:
@@ -364,28 +375,25 @@ class _KeyStep:
                     "fires again at once, forever"
                 )
             self.firings += 1
-            point = self.timer_point(tag, timer.time, timer.wall, boundary)
+            time, wall_timer, setter = timer
+            point = boundary if (wall_timer or single) else self.timer_point(tag, time, boundary)
             del state.timers[tag]
-            identity = (tag, timer.time, timer.setter)
-            if identity in self.skip_timers:
+            if skip and (tag, time, setter) in skip:
                 continue
             self.metrics.timers_fired += 1
-            domain = TimeDomain.WALL_TIME if timer.wall else TimeDomain.LOW_WATERMARK
-            at = self.segments[point].advanced_to
-            cause = timer_cause(self.key, tag, timer.time, timer.setter)
-            ctx._begin(cause, timer_setter(cause), None, False, at, point, at)
+            at = segments[point].advanced_to
+            ctx._begin(timer_cause(self.key, tag, time, setter), None, None, False, at, point, at)
             try:
-                plan.computation.process_timer(ctx, Timer(timer.time, tag, domain))
+                process_timer(ctx, Timer(time, tag, _WALL if wall_timer else _LOW_WATERMARK))
                 if self.flush_each:
                     state.flush(plan.state_specs)
             except Exception as error:
-                raise _UserFailure(error, timer=identity, segment=point) from error
+                raise _UserFailure(error, timer=(tag, time, setter), segment=point) from error
 
-    def timer_point(self, tag: str, time: int, wall: bool, boundary: int) -> int:
-        """The input point a firing belongs to: the first one whose advanced watermark reached the
-        timer, but not before the point in which the timer was set (wall timers: the step's last)."""
-        if wall:
-            return boundary
+    def timer_point(self, tag: str, time: int, boundary: int) -> int:
+        """The input point a low-watermark firing belongs to: the first one whose advanced watermark
+        reached the timer, but not before the point in which the timer was set. (Wall-time firings
+        belong to the step's last point.)"""
         earliest = self.state.earliest_boundary(tag)
         return min(boundary, max(earliest, bisect.bisect_left(self.advanced, time)))
 
@@ -393,7 +401,7 @@ class _KeyStep:
         state = self.state
         if state.is_empty():
             return None
-        lw, wall = state.wake_times(self.plan.dedup_horizon_ms, self.plan.ttls)
+        lw, wall = state.wake_times(self.plan.ttls)
         return StoredKey(state.dumps(), lw, wall)
 
 
@@ -428,13 +436,17 @@ class KeyGroupExecutor:
         out: list[Produced] = list(passthrough)
         metrics = StepMetrics(dead_letters=len(passthrough))
         changes: dict[str, StoredKey | None] = {}
+        seen: list[tuple[str, str, int]] = []
         for key in keys:
             step = self._key_step(key, by_key.get(key, ()), blobs.get(key), segments, wall_time, out, metrics)
             changes[key] = step.stored()
+            seen.extend((key, rid, mark) for rid, mark in step.seen.items())
             out.extend(step.out)
             metrics.add(step.metrics)
-        self.store.save(changes)
+        self.store.save(changes, seen, last, self.plan.dedup_horizon_ms)
         metrics.productions = len(out)
+        metrics.state_bytes = sum(len(k) + len(s.blob) for k, s in changes.items() if s is not None) + sum(
+            len(k) + len(i) + 8 for k, i, _ in seen)
         return StepResult(out, self.store.next_wall_time(), metrics)
 
     def _key_step(self, key: str, items: Sequence[tuple[int, Delivery]], blob: bytes | None,

@@ -1,15 +1,16 @@
-"""Everything one key holds, persisted as one blob: state values, pending timers, dedup ids.
+"""Everything one key holds, persisted as one blob: state values and pending timers.
 
-State, timers and seen record ids of a key change together (MillWheel keeps them in one Bigtable
-row); the stores write a key's blob atomically with the rest of its step. Values are kept encoded
-(the codec's bytes) and decoded lazily: a value when first read in a step, a map entry by entry.
+State and timers of a key change together, and together with the step's dedup ids (dedup.py) and
+productions (MillWheel keeps them in one Bigtable row); the stores write a step as one unit. Values
+are kept encoded (the codec's bytes) and decoded lazily: a value when first read in a step, a map
+entry by entry.
 
-A key is *empty*, and disappears from its store, when it holds no state value, no user timer and no
-dedup id. Nothing else pins it: production ids of timers derive from the timer itself (key, tag,
-time and the invocation that set it), not from a per-key counter.
+A key is *empty*, and disappears from its store, when it holds no state value and no user timer.
+Nothing else pins it: production ids of timers derive from the timer itself (key, tag, time and the
+invocation that set it), not from a per-key counter, and dedup ids live apart.
 
-Expiry (dedup ids after the horizon, state values after their TTL) is scheduled on the key's
-low-watermark wake-up time, so it happens on schedule whether or not the key sees records again.
+Expiry of state values with a TTL is scheduled on the key's low-watermark wake-up time, so it happens
+on schedule whether or not the key sees records again.
 """
 
 from __future__ import annotations
@@ -34,30 +35,29 @@ class PendingTimer(NamedTuple):
 class KeyState:
     """One key's persisted data plus the values decoded during the current step."""
 
-    __slots__ = ("values", "written", "timers", "seen", "_live", "_boundary")
+    __slots__ = ("values", "written", "timers", "_live", "_boundary")
 
     def __init__(self) -> None:
         self.values: dict[str, Any] = {}  # state name -> bytes | list[bytes] | dict[bytes, bytes]
         self.written: dict[str, int] = {}  # state name -> watermark at its last write (TTL'd states)
         self.timers: dict[str, PendingTimer] = {}  # tag -> pending timer
-        self.seen: dict[str, int] = {}  # dedup id -> mark (forget once the watermark passes mark + horizon)
         self._live: dict[str, Any] = {}  # state name -> cell decoded this step
         self._boundary: dict[str, int] = {}  # tag -> first boundary a timer set this step may fire at
 
     # -- persistence ---------------------------------------------------------------------------
     def dumps(self) -> bytes:
-        return pickle.dumps((self.values, self.written, self.timers, self.seen), protocol=5)
+        return pickle.dumps((self.values, self.written, self.timers), protocol=5)
 
     @classmethod
     def loads(cls, blob: bytes) -> "KeyState":
         state = cls()
-        values, state.written, timers, state.seen = pickle.loads(blob)
+        values, state.written, timers = pickle.loads(blob)
         state.values = values
         state.timers = {tag: PendingTimer(*t) for tag, t in timers.items()}
         return state
 
     def is_empty(self) -> bool:
-        return not (self.values or self.timers or self.seen)
+        return not (self.values or self.timers)
 
     # -- state values --------------------------------------------------------------------------
     def cell(self, spec: StateSpec, on_write: Any = None) -> Any:
@@ -134,23 +134,22 @@ class KeyState:
                     best = (tag, timer)
         return best
 
-    def wake_times(self, horizon_ms: int, ttls: dict[str, int]) -> tuple[int | None, int | None]:
-        """(low-watermark time, wall time) at which this key next has work: a user timer, an expiring
-        dedup id or an expiring state value."""
-        lw = [t.time for t in self.timers.values() if not t.wall]
-        wall = [t.time for t in self.timers.values() if t.wall]
-        if self.seen:
-            lw.append(min(self.seen.values()) + horizon_ms + 1)
+    def wake_times(self, ttls: dict[str, int]) -> tuple[int | None, int | None]:
+        """(low-watermark time, wall time) at which this key next has work: a user timer or an
+        expiring state value."""
+        lw = wall = None
+        for timer in self.timers.values():
+            if timer.wall:
+                wall = timer.time if wall is None or timer.time < wall else wall
+            elif lw is None or timer.time < lw:
+                lw = timer.time
         for name, mark in self.written.items():
-            lw.append(mark + ttls[name] + 1)
-        return (min(lw) if lw else None), (min(wall) if wall else None)
+            expiry = mark + ttls[name] + 1
+            lw = expiry if lw is None or expiry < lw else lw
+        return lw, wall
 
-    def expire(self, low_watermark: int, horizon_ms: int, ttls: dict[str, int]) -> None:
-        """Forget dedup ids and state values whose time is up at `low_watermark`."""
-        if self.seen:
-            cutoff = low_watermark - horizon_ms
-            if min(self.seen.values()) < cutoff:
-                self.seen = {rid: mark for rid, mark in self.seen.items() if mark >= cutoff}
+    def expire(self, low_watermark: int, ttls: dict[str, int]) -> None:
+        """Forget state values whose TTL is up at `low_watermark`."""
         for name, mark in list(self.written.items()):
             if low_watermark > mark + ttls[name]:
                 self.drop(name)

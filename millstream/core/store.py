@@ -2,13 +2,16 @@
 
 A store keeps, per key, its KeyState blob and its two wake-up times (the next low-watermark time and
 the next wall time at which the key has work), and answers "which keys are due" without reading every
-key. The harness uses `MemoryKeyStore`; the Spark runner a store whose truth is Spark's state store.
+key; and the key group's dedup index (dedup.py). The harness uses `MemoryKeyStore`; the Spark runner a
+store whose truth is Spark's state store.
 """
 
 from __future__ import annotations
 
 import heapq
 from typing import Iterable, Iterator, NamedTuple, Protocol
+
+from millstream.core.dedup import DedupIndex
 
 
 class StoredKey(NamedTuple):
@@ -26,8 +29,14 @@ class KeyStore(Protocol):
         """Keys whose low-watermark wake-up is <= low_watermark or wall wake-up <= wall_time."""
         ...
 
-    def save(self, changes: dict[str, StoredKey | None]) -> None:
-        """Write a step's changed keys (None: the key is gone), as one unit."""
+    def seen(self, key: str, record_id: str) -> bool:
+        """Whether the key group has seen this injected record (dedup index)."""
+        ...
+
+    def save(self, changes: dict[str, StoredKey | None], seen: list[tuple[str, str, int]], low_watermark: int,
+             horizon_ms: int) -> None:
+        """Write a step's changed keys (None: the key is gone) and the ids it saw, with their marks,
+        as one unit; then forget ids past the horizon at `low_watermark`."""
         ...
 
     def next_wall_time(self) -> int | None:
@@ -40,6 +49,7 @@ class MemoryKeyStore:
 
     def __init__(self) -> None:
         self.blobs: dict[str, StoredKey] = {}
+        self.dedup = DedupIndex()
         self._lw: list[tuple[int, str]] = []
         self._wall: list[tuple[int, str]] = []
 
@@ -62,7 +72,18 @@ class MemoryKeyStore:
                 heapq.heappush(heap, entry)
         return sorted(found)
 
-    def save(self, changes: dict[str, StoredKey | None]) -> None:
+    def seen(self, key: str, record_id: str) -> bool:
+        return (key, record_id) in self.dedup.marks
+
+    def save(self, changes: dict[str, StoredKey | None], seen: list[tuple[str, str, int]] = (),  # type: ignore[assignment]
+             low_watermark: int | None = None, horizon_ms: int = 0) -> None:
+        self.dedup.add_all(seen)
+        if low_watermark is not None:
+            self.dedup.expire(low_watermark, horizon_ms)
+        self.apply(changes)
+
+    def apply(self, changes: dict[str, StoredKey | None]) -> None:
+        """The keys' part of save."""
         for key, stored in changes.items():
             if stored is None:
                 self.blobs.pop(key, None)

@@ -7,8 +7,7 @@ values): Spark's timestamps have millisecond granularity, so a finer unit would 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 import xxhash
 
@@ -102,13 +101,16 @@ class Record(Generic[V]):
         return (Record, (self.key, self.value, self.timestamp, self.id))
 
 
-@dataclass(frozen=True, slots=True, order=True)
-class Timer:
-    """A timer as delivered to `process_timer`: fires in (time, tag) order per key."""
+class Timer(NamedTuple):
+    """A timer as delivered to `process_timer`: fires in (time, tag) order per key.
+
+    >>> Timer(1_000, "flush")
+    Timer(time=1000, tag='flush', domain=<TimeDomain.LOW_WATERMARK: 'low_watermark'>)
+    """
 
     time: int
     tag: str
-    domain: TimeDomain = field(default=TimeDomain.LOW_WATERMARK, compare=False)
+    domain: TimeDomain = TimeDomain.LOW_WATERMARK
 
 
 def derive_record_id(producer: str, *cause: object) -> str:

@@ -76,7 +76,7 @@ def staged_path(computation: str, epoch: int, batch: int) -> str:
 def empty_status() -> dict[str, Any]:
     return {"batch": -1, "low_watermark": BEGINNING_OF_TIME, "input_watermark": BEGINNING_OF_TIME,
             "senders": {}, "metrics": {m: 0 for m in METRICS}, "next_wall_timer": None, "wall_ms": 0,
-            "state_bytes_written": 0}
+            "state_bytes_written": 0, "state_bytes_changed": 0}
 
 
 def next_status(previous: dict[str, Any], reports: list[dict[str, Any]], batch: int, end: dict[str, Any],
@@ -95,7 +95,9 @@ def next_status(previous: dict[str, Any], reports: list[dict[str, Any]], batch: 
         "metrics": metrics,
         "next_wall_timer": min(walls) if walls else None,
         "wall_ms": int(time.time() * 1000),
+        # This batch's state: bytes Spark's state store was given, and bytes of the state it changed.
         "state_bytes_written": sum(r.get("bytes_written") or 0 for r in reports),
+        "state_bytes_changed": sum(r.get("state_bytes") or 0 for r in reports),
     }
 
 
@@ -269,7 +271,8 @@ class Publisher:
             commit.last_published = batch
         faults.reached("published", name)
         for member, status in ((name, manifest["status"]), *manifest.get("fused", {}).items()):
-            history = {k: status[k] for k in ("batch", "low_watermark", "input_watermark", "wall_ms")}
+            history = {k: status.get(k) for k in ("batch", "low_watermark", "input_watermark", "wall_ms",
+                                                  "state_bytes_written", "state_bytes_changed")}
             self.storage.write_json(f"status/{member}/history/{batch:012d}.json", history)
             self.storage.write_json(f"status/{member}/latest.json", {**status, "position": position})
         self.sinks.published(name, position, manifest)

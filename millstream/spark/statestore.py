@@ -4,11 +4,14 @@ Spark's Python stateful operator costs a JVM round trip (~50-65 us) per state ca
 key would dominate a batch, and rewriting whole pages of keys made every batch write all the state.
 So per key group (the operator's grouping key) Spark holds:
 
-- `chunks` (MapState id -> blob): each blob a dict key -> StoredKey (or None: the key is gone). A
-  batch that changed keys writes ONE new chunk holding exactly the changed keys: bytes written follow
-  the changed state. Once the chunks add up to more than twice the live state, they are compacted
-  into fresh base chunks (bounded amortized cost: at most ~1.5 bytes written per changed byte).
-- `head` (ValueState): the chain of chunk ids in order, each with a random token, plus sizes.
+- `chunks` (MapState id -> blob): each blob the changed keys (key -> StoredKey, or None: the key is
+  gone) and the dedup ids seen (key, id, mark). A batch writes ONE new chunk holding exactly what it
+  changed: bytes written follow the changed state. Once the chunks add up to more than twice the live
+  state, they are compacted into fresh base chunks (bounded amortized cost: at most ~1.5 bytes
+  written per changed byte). Expired dedup ids need no record: expiry is a function of their mark
+  and the watermark, which `head` keeps.
+- `head` (ValueState): the chain of chunk ids in order, each with a random token, plus sizes and the
+  watermark and horizon the dedup ids were last expired with.
 
 Everything Spark holds is the truth; Spark commits it atomically with the batch. Reads come from a
 cache in the Python worker process: the key group's keys decoded into a MemoryKeyStore (blobs and
@@ -44,20 +47,23 @@ class Head:
     next_id: int = 0
     live_bytes: int = 0
     delta_bytes: int = 0  # bytes of chunks written since the last compaction
+    watermark: int | None = None  # dedup ids were last expired at this watermark...
+    horizon_ms: int = 0  # ... with this horizon
 
     @property
     def token(self) -> str | None:
         return self.chain[-1][1] if self.chain else None
 
     def dumps(self) -> bytes:
-        return pickle.dumps((self.chain, self.next_id, self.live_bytes, self.delta_bytes), protocol=5)
+        return pickle.dumps((self.chain, self.next_id, self.live_bytes, self.delta_bytes, self.watermark,
+                             self.horizon_ms), protocol=5)
 
     @classmethod
     def loads(cls, blob: bytes | None) -> "Head":
         if not blob:
             return cls()
-        chain, next_id, live, delta = pickle.loads(blob)
-        return cls(list(chain), next_id, live, delta)
+        chain, next_id, live, delta, watermark, horizon = pickle.loads(blob)
+        return cls(list(chain), next_id, live, delta, watermark, horizon)
 
 
 @dataclass
@@ -70,7 +76,7 @@ class _Cache:
     def token(self) -> str | None:
         return self.chain[-1][1] if self.chain else None
 
-    def apply(self, changes: dict[str, StoredKey | None]) -> None:
+    def apply(self, changes: dict[str, StoredKey | None], seen: list[tuple[str, str, int]]) -> None:
         blobs = self.keys.blobs
         for key, stored in changes.items():
             old = blobs.get(key)
@@ -78,20 +84,31 @@ class _Cache:
                 self.live_bytes -= len(old.blob) + len(key)
             if stored is not None:
                 self.live_bytes += len(stored.blob) + len(key)
-        self.keys.save(changes)
+        self.keys.apply(changes)
+        self.keys.dedup.add_all(seen)
+
+    def expire(self, watermark: int | None, horizon_ms: int) -> None:
+        if watermark is not None:
+            self.keys.dedup.expire(watermark, horizon_ms)
+
+    @property
+    def size(self) -> int:
+        """Bytes the live state takes when written: key blobs and dedup ids."""
+        return self.live_bytes + _DEDUP_ENTRY_BYTES * len(self.keys.dedup)
 
 
+_DEDUP_ENTRY_BYTES = 48  # a (key, id, mark) entry, roughly, once pickled
 _CACHES: "OrderedDict[tuple[str, int], _Cache]" = OrderedDict()
 
 
 def _evict(keep: tuple[str, int]) -> None:
-    total = sum(c.live_bytes for c in _CACHES.values())
+    total = sum(c.size for c in _CACHES.values())
     while total > CACHE_BYTES and len(_CACHES) > 1:
         oldest = next(iter(_CACHES))
         if oldest == keep:
             _CACHES.move_to_end(oldest)
             continue
-        total -= _CACHES.pop(oldest).live_bytes
+        total -= _CACHES.pop(oldest).size
 
 
 class SparkKeyStore:
@@ -105,11 +122,11 @@ class SparkKeyStore:
         self.cache = self._current_cache()
         self.bytes_written = 0
 
-    def _chunk(self, chunk_id: int) -> dict[str, StoredKey | None]:
+    def _chunk(self, chunk_id: int) -> tuple[dict[str, StoredKey | None], list[tuple[str, str, int]]]:
         value = self._chunks.getValue((chunk_id,))
         if not value:
             raise RuntimeError(f"state chunk {chunk_id} of key group {self._cache_key[1]} is missing")
-        return pickle.loads(bytes(value[0]))  # written by this module, in Spark's state store
+        return pickle.loads(bytes(value[0]))  # type: ignore[no-any-return]  # written by this module
 
     def _current_cache(self) -> _Cache:
         cache = _CACHES.get(self._cache_key)
@@ -118,12 +135,14 @@ class SparkKeyStore:
             pass
         elif cache is not None and cache.chain and cache.chain == chain[:len(cache.chain)]:
             for chunk_id, _ in chain[len(cache.chain):]:  # catch up on what other workers wrote
-                cache.apply(self._chunk(chunk_id))
+                cache.apply(*self._chunk(chunk_id))
+            cache.expire(self.head.watermark, self.head.horizon_ms)
             cache.chain = list(chain)
         else:
             cache = _Cache()
             for chunk_id, _ in chain:
-                cache.apply(self._chunk(chunk_id))
+                cache.apply(*self._chunk(chunk_id))
+            cache.expire(self.head.watermark, self.head.horizon_ms)
             cache.chain = list(chain)
         _CACHES[self._cache_key] = cache
         _CACHES.move_to_end(self._cache_key)
@@ -140,19 +159,29 @@ class SparkKeyStore:
     def next_wall_time(self) -> int | None:
         return self.cache.keys.next_wall_time()
 
-    def save(self, changes: dict[str, StoredKey | None]) -> None:
-        if not changes:
-            return
+    def seen(self, key: str, record_id: str) -> bool:
+        return (key, record_id) in self.cache.keys.dedup.marks
+
+    def save(self, changes: dict[str, StoredKey | None], seen: list[tuple[str, str, int]], low_watermark: int,
+             horizon_ms: int) -> None:
         head, cache = self.head, self.cache
-        blob = pickle.dumps(changes, protocol=5)
+        expired_before = len(cache.keys.dedup)
+        cache.expire(low_watermark, horizon_ms)
+        if not changes and not seen:
+            if len(cache.keys.dedup) != expired_before:  # only expiry: note the watermark it happened at
+                head.watermark, head.horizon_ms = low_watermark, horizon_ms
+                self._head_state.update((head.dumps(),))
+            return
+        blob = pickle.dumps((changes, seen), protocol=5)
         chunk_id = head.next_id
         self._chunks.updateValue((chunk_id,), (blob,))
         self.bytes_written += len(blob)
-        cache.apply(changes)
+        cache.apply(changes, seen)
         head.chain.append((chunk_id, uuid.uuid4().hex))
         head.next_id += 1
         head.delta_bytes += len(blob)
-        head.live_bytes = cache.live_bytes
+        head.live_bytes = cache.size
+        head.watermark, head.horizon_ms = low_watermark, horizon_ms
         if head.delta_bytes > max(COMPACT_RATIO * head.live_bytes, COMPACT_MIN_BYTES):
             self._compact()
         self._head_state.update((head.dumps(),))
@@ -169,17 +198,21 @@ class SparkKeyStore:
             batch[key] = stored
             size += len(stored.blob) + len(key)
             if size >= CHUNK_BYTES:
-                chain.append(self._write_base(batch))
+                chain.append(self._write_base(batch, []))
                 batch, size = {}, 0
         if batch:
-            chain.append(self._write_base(batch))
+            chain.append(self._write_base(batch, []))
+        ids = self.cache.keys.dedup.entries()
+        per_chunk = max(1, CHUNK_BYTES // _DEDUP_ENTRY_BYTES)
+        for start in range(0, len(ids), per_chunk):
+            chain.append(self._write_base({}, ids[start:start + per_chunk]))
         for chunk_id in old:
             self._chunks.removeKey((chunk_id,))
         head.chain = chain
         head.delta_bytes = 0
 
-    def _write_base(self, keys: dict[str, StoredKey | None]) -> tuple[int, str]:
-        blob = pickle.dumps(keys, protocol=5)
+    def _write_base(self, keys: dict[str, StoredKey | None], seen: list[tuple[str, str, int]]) -> tuple[int, str]:
+        blob = pickle.dumps((keys, seen), protocol=5)
         chunk_id = self.head.next_id
         self.head.next_id += 1
         self._chunks.updateValue((chunk_id,), (blob,))

@@ -217,6 +217,11 @@ class PipelineHarness:
         run = self._run(computation)
         return sorted(k for e in run.executors for k in e.store.keys())  # type: ignore[attr-defined]
 
+    def dedup_ids(self, computation: str) -> list[tuple[str, str]]:
+        """The (key, record id) pairs the computation still remembers to discard duplicates."""
+        run = self._run(computation)
+        return sorted(k for e in run.executors for k in e.store.dedup.marks)  # type: ignore[attr-defined]
+
     def pending_wall_timers(self, computation: str) -> int | None:
         """The earliest wall-time timer still pending in the computation, if any."""
         times = [e.store.next_wall_time() for e in self._run(computation).executors]

@@ -1,0 +1,73 @@
+"""Rescaling a stopped pipeline (Spark's checkpoint repartition) changes how many tasks run each
+computation, not what they produce: a run stopped halfway, rescaled from 2 to 4 state partitions and
+resumed gives the output of a run that never stopped, ids included, even for a consumer whose output
+depends on the order in which many producer keys' records reach it."""
+
+import json
+import time
+
+from millstream import Computation, GeneratorInjector, ListState, MapState, Pipeline, Record
+from millstream.spark.rescale import checkpoint_of, rescale, state_partitions
+from millstream.spark.runner import SparkRunner
+
+KEYS, EVENTS = 50, 6_000
+
+
+class Windower(Computation):
+    counts = MapState[int, int]("counts")
+
+    def process_record(self, ctx, record):
+        bucket = record.timestamp - record.timestamp % 500
+        ctx.state(self.counts).put(bucket, ctx.state(self.counts).get(bucket, 0) + 1)
+        ctx.set_timer(f"w{bucket}", bucket + 500)
+
+    def process_timer(self, ctx, timer):
+        bucket = timer.time - 500
+        ctx.produce(Record(str(bucket), [ctx.key, ctx.state(self.counts).get(bucket)], timer.time), "windows")
+        ctx.state(self.counts).remove(bucket)
+
+
+class Arrivals(Computation):
+    """Order-sensitive: each window's counts, numbered in the order they reach it."""
+
+    seen = ListState[str]("seen")
+
+    def process_record(self, ctx, record):
+        seen = ctx.state(self.seen)
+        seen.append(record.value[0])
+        ctx.produce(Record(ctx.key, [len(seen.get()), record.value[0], record.value[1]], record.timestamp), "order")
+
+
+def pipeline():
+    injector = GeneratorInjector(lambda i: Record(f"k{(i * 7) % KEYS}", i, 10 * i + (i * 13) % 40), EVENTS,
+                                 lambda n: 10 * n, records_per_second=300, max_records_per_read=400)
+    return (Pipeline("rescaled").add_injector("src", injector, "in")
+            .add_computation("windower", Windower(), ["in"], ["windows"])
+            .add_computation("arrivals", Arrivals(), ["windows"], ["order"]))
+
+
+def output(runner):
+    return sorted((r.key, json.dumps(r.value), r.timestamp, r.id) for r in runner.read_stream("order"))
+
+
+def test_rescaling_halfway_gives_the_output_of_a_run_that_never_rescaled(spark, tmp_path):
+    whole = SparkRunner(pipeline(), root=str(tmp_path / "whole"), spark=spark, key_groups=8, parallelism=2)
+    whole.run(timeout=300)
+    expected = output(whole)
+
+    root = str(tmp_path / "rescaled")
+    first = SparkRunner(pipeline(), root=root, spark=spark, key_groups=8, parallelism=2)
+    first.start()
+    deadline = time.time() + 180
+    while first.progress().computations["arrivals"].records < 40:
+        first.raise_if_failed()
+        assert time.time() < deadline, "no progress"
+        time.sleep(0.5)
+    first.stop()
+    assert first.progress().computations["windower"].low_watermark < 10 * EVENTS, "stopped too late"
+    assert {n: state_partitions(checkpoint_of(root, n)) for n in ("windower", "arrivals")} == {
+        "windower": 2, "arrivals": 2}
+    assert rescale(spark, root, 4) == {"windower": (2, 4), "arrivals": (2, 4)}
+    resumed = SparkRunner(pipeline(), root=root, spark=spark, key_groups=8)
+    resumed.run(timeout=300)
+    assert output(resumed) == expected and len(expected) > 100
