@@ -110,7 +110,8 @@ class _Invocation:
     """The Context handed to user code for one key; collects productions."""
 
     __slots__ = ("_plan", "_state", "_key", "_low_watermark", "_wall_time", "_late", "_stream",
-                 "_cause", "_setter", "_produced", "_out", "_segment", "_handles", "_order", "_advanced")
+                 "_cause", "_setter", "_produced", "_out", "_segment", "_handles", "_order", "_advanced",
+                 "_inputs", "_after")
 
     def __init__(self, plan: ComputationPlan, state: KeyState, key: str, wall_time: int, out: list[Produced]) -> None:
         self._plan = plan
@@ -126,13 +127,17 @@ class _Invocation:
         self._produced = 0
         self._segment = 0
         self._advanced = 0  # the watermark once the current input point is processed
+        self._inputs: tuple[tuple[str, int, int], ...] = ()  # per input stream, at the current point
+        self._after = False  # in process_timer: input watermarks after the point
         self._handles: dict[str, Any] = {}
         self._order = order_base(key)  # position of the key's next production in the step's output
 
     def _begin(self, cause: str, setter: str | None, stream: str | None, late: bool, low_watermark: int,
-               segment: int, advanced: int) -> None:
+               segment: int, advanced: int, inputs: tuple[tuple[str, int, int], ...] = (),
+               after: bool = False) -> None:
         self._cause, self._setter, self._stream, self._late, self._produced = cause, setter, stream, late, 0
         self._low_watermark, self._segment, self._advanced = low_watermark, segment, advanced
+        self._inputs, self._after = inputs, after
 
     # -- Context -------------------------------------------------------------------------------
     @property
@@ -154,6 +159,13 @@ class _Invocation:
     @property
     def input_stream(self) -> str | None:
         return self._stream
+
+    def input_watermark(self, stream: str) -> int:
+        for name, before, after in self._inputs:
+            if name == stream:
+                return after if self._after else before
+        raise ComputationError(f"computation {self._plan.name!r} has no input stream {stream!r}; its inputs: "
+                               f"{sorted(i.stream for i in self._plan.inputs)}")
 
     def state(self, spec: StateSpec) -> Any:
         name = getattr(spec, "name", None)
@@ -319,7 +331,7 @@ class _KeyStep:
     def deliver_each(self, items: Sequence[tuple[int, Delivery]], j: int) -> None:
         state, ctx, plan = self.state, self.ctx, self.plan
         process_record = plan.computation.process_record
-        low_watermark, advanced = self.segments[j]
+        low_watermark, advanced, inputs, _ = self.segments[j]
         metrics, skip = self.metrics, self.skip_items
         for index, delivery in items:
             if index in skip or not self.admit(delivery, j):
@@ -328,7 +340,7 @@ class _KeyStep:
             late = record.timestamp < low_watermark
             metrics.late += late
             cause = record_cause(delivery.stream, record.id)
-            ctx._begin(cause, cause, delivery.stream, late, low_watermark, j, advanced)
+            ctx._begin(cause, cause, delivery.stream, late, low_watermark, j, advanced, inputs)
             try:
                 process_record(ctx, record)
                 if self.flush_each:
@@ -341,12 +353,12 @@ class _KeyStep:
         admitted = [(index, d) for index, d in items if index not in self.skip_items and self.admit(d, j)]
         if not admitted:
             return
-        low_watermark, advanced = self.segments[j]
+        low_watermark, advanced, inputs, _ = self.segments[j]
         records = [d.record for _, d in admitted]
         self.metrics.late += sum(1 for r in records if r.timestamp < low_watermark)
         first = admitted[0][1]
         cause = record_cause(first.stream, first.record.id)
-        self.ctx._begin(cause, cause, first.stream, False, low_watermark, j, advanced)
+        self.ctx._begin(cause, cause, first.stream, False, low_watermark, j, advanced, inputs)
         try:
             self.plan.computation.process_records(self.ctx, records)
             if self.flush_each:
@@ -382,7 +394,8 @@ class _KeyStep:
                 continue
             self.metrics.timers_fired += 1
             at = segments[point].advanced_to
-            ctx._begin(timer_cause(self.key, tag, time, setter), None, None, False, at, point, at)
+            ctx._begin(timer_cause(self.key, tag, time, setter), None, None, False, at, point, at,
+                       segments[point].inputs, True)
             try:
                 process_timer(ctx, Timer(time, tag, _WALL if wall_timer else _LOW_WATERMARK))
                 if self.flush_each:

@@ -11,7 +11,7 @@ moves between tasks (Spark hashes key groups into its state partitions, whose nu
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import xxhash
 
@@ -27,6 +27,9 @@ from millstream.model.pipeline import (
 )
 from millstream.model.records import Record
 from millstream.model.state import ListState, MapState, StateSpec, ValueState
+
+if TYPE_CHECKING:
+    from millstream.core.watermarks import WatermarkCoalescer
 
 DEFAULT_KEY_GROUPS = 32
 
@@ -119,6 +122,15 @@ class ComputationPlan:
 
     def sender_names(self) -> list[str]:
         return [s.name for s in self.senders()]
+
+    def coalescer(self) -> "WatermarkCoalescer":
+        """A coalescer for this computation's senders, grouped by input stream."""
+        from millstream.core.watermarks import WatermarkCoalescer
+
+        return WatermarkCoalescer(self.sender_names(), groups=self.sender_groups())
+
+    def sender_groups(self) -> dict[str, list[str]]:
+        return {i.stream: [s.name for s in i.senders] for i in self.inputs}
 
     @property
     def ttls(self) -> dict[str, int]:

@@ -5,7 +5,10 @@ Terms
 - *sender*: one input of a computation: a computation's stream log, or one injector partition.
 - *sender watermark*: the low watermark a sender has published; it never goes back.
 - *idle sender*: one that has declared it has nothing pending and nothing arriving (Hazelcast's idle
-  message). It is excluded from the minimum until it publishes again.
+  message): an injector partition that found nothing new for its idle timeout, or a computation all of
+  whose senders are idle. It is excluded from the minimum until it publishes again.
+- *input watermark of a stream*: the minimum over that stream's non-idle senders; what
+  `ctx.input_watermark(stream)` shows, so a join can follow each side separately (seed 001).
 - *coalesced (input) watermark*: the minimum over the non-idle senders. It never goes back either: if
   an idle sender wakes up behind it, the coalesced value holds and that sender's older records are late.
 - *input point* (`Segment`): one advance of one sender within a step: its records, the coalesced
@@ -21,7 +24,12 @@ Terms
 Coalescing rules (as Hazelcast's WatermarkCoalescer):
 1. A sender's watermark is monotonic; publishing a lower value is a bug in that sender and raises.
 2. A sender that has published nothing yet holds the minimum at BEGINNING_OF_TIME.
-3. If every sender is idle the coalesced watermark holds where it is (it does not jump ahead).
+3. An idle sender is left out of the minimum until it publishes again (a watermark or records).
+4. If every sender is idle the computation is idle too, and says so downstream (seed 001 forwards the
+   idle message); its watermark holds where it is rather than jumping ahead. Jumping ahead would gain
+   nothing (an idle computation has nothing pending to release) and would turn whatever arrives when an
+   input wakes up into late data; holding keeps it on time, and downstream, where the idle computation
+   is left out, the active senders move the watermark.
 
 Worked example (the Hazelcast design's, senders 0 and 1):
 
@@ -48,22 +56,47 @@ class Segment(NamedTuple):
 
     low_watermark: int  # coalesced input watermark before the point: its records are judged by it
     advanced_to: int  # coalesced input watermark after it: due timers fire by it
+    # Per input stream: (stream, its watermark before the point, after it), for ctx.input_watermark.
+    inputs: tuple[tuple[str, int, int], ...] = ()
+    idle: bool = False  # every sender is idle after the point: the computation is idle
 
 
 class WatermarkCoalescer:
-    def __init__(self, inputs: Iterable[str], coalesced: int = BEGINNING_OF_TIME) -> None:
+    """Coalesces senders' watermarks; `groups` names the input streams (stream -> its senders).
+
+    >>> c = WatermarkCoalescer(["a/x", "b/y"], groups={"a": ["a/x"], "b": ["b/y"]})
+    >>> c.advance("a/x", 50)
+    Segment(low_watermark=-140737488355328, advanced_to=-140737488355328, inputs=(('a', -140737488355328, 50), ('b', -140737488355328, -140737488355328)), idle=False)
+    >>> c.advance("b/y", 20, idle=True).advanced_to  # b goes quiet: a alone holds the minimum
+    50
+    """
+
+    def __init__(self, inputs: Iterable[str], coalesced: int = BEGINNING_OF_TIME,
+                 groups: dict[str, list[str]] | None = None) -> None:
         self._watermarks: dict[str, int] = {name: BEGINNING_OF_TIME for name in inputs}
         if not self._watermarks:
             raise ValueError("a coalescer needs at least one input")
         self._idle: set[str] = set()
         self._coalesced = coalesced
+        self._groups = {name: list(members) for name, members in sorted((groups or {}).items())}
+        self._group_marks = {name: BEGINNING_OF_TIME for name in self._groups}
 
     @classmethod
-    def restore(cls, watermarks: dict[str, int], coalesced: int, idle: Iterable[str] = ()) -> "WatermarkCoalescer":
-        coalescer = cls(watermarks, coalesced)
+    def restore(cls, watermarks: dict[str, int], coalesced: int, idle: Iterable[str] = (),
+                groups: dict[str, list[str]] | None = None,
+                group_marks: dict[str, int] | None = None) -> "WatermarkCoalescer":
+        coalescer = cls(watermarks, coalesced, groups)
         coalescer._watermarks.update(watermarks)
         coalescer._idle.update(idle)
+        coalescer._group_marks.update(group_marks or {})
         return coalescer
+
+    @property
+    def all_idle(self) -> bool:
+        return len(self._idle) == len(self._watermarks)
+
+    def group_marks(self) -> dict[str, int]:
+        return dict(self._group_marks)
 
     @property
     def coalesced(self) -> int:
@@ -93,11 +126,21 @@ class WatermarkCoalescer:
         self._idle.discard(name)
         return self._recompute()
 
-    def advance(self, name: str, watermark: int) -> Segment:
-        """The input point of sender `name` publishing `watermark` after records: the coalesced
-        watermark before and after."""
+    def advance(self, name: str, watermark: int, idle: bool = False) -> Segment:
+        """The input point of sender `name` publishing `watermark` after records (and declaring
+        itself idle, with `idle`): the coalesced watermark before and after, per input stream too."""
         before = self._coalesced
-        return Segment(before, self.observe(name, watermark))
+        groups_before = dict(self._group_marks)
+        if watermark > self._watermarks[name]:
+            self._watermarks[name] = watermark
+        after = self.mark_idle(name) if idle else self.observe(name, watermark)
+        inputs = tuple((group, groups_before[group], self._group_marks[group]) for group in self._groups)
+        return Segment(before, after, inputs, self.all_idle)
+
+    def hold(self) -> Segment:
+        """A point where nothing moved (a heartbeat)."""
+        now = self._coalesced
+        return Segment(now, now, tuple((g, m, m) for g, m in self._group_marks.items()), self.all_idle)
 
     def mark_idle(self, name: str) -> int:
         """Exclude sender `name` until it publishes again; returns the coalesced watermark."""
@@ -110,6 +153,10 @@ class WatermarkCoalescer:
         active = [wm for name, wm in self._watermarks.items() if name not in self._idle]
         if active:
             self._coalesced = max(self._coalesced, min(active))
+        for group, members in self._groups.items():
+            marks = [self._watermarks[m] for m in members if m not in self._idle]
+            if marks:
+                self._group_marks[group] = max(self._group_marks[group], min(marks))
         return self._coalesced
 
 

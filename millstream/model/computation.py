@@ -54,6 +54,11 @@ class Context(Protocol):
         """Name of the stream the current record came from (None in `process_timer`)."""
         ...
 
+    def input_watermark(self, stream: str) -> int:
+        """The low watermark of one input stream alone (the minimum over that stream's non-idle
+        senders), at the same point as `low_watermark`: what a join needs to follow each side."""
+        ...
+
     @overload
     def state(self, spec: ValueState[T]) -> ValueHandle[T]: ...
 

@@ -80,6 +80,7 @@ class InjectorNode:
     injector: Injector
     stream: str
     on_malformed: ErrorPolicy = ErrorPolicy.DEAD_LETTER
+    idle_after_ms: int | None = None
 
 
 @dataclass(frozen=True)
@@ -149,9 +150,15 @@ class Pipeline:
         return self
 
     def add_injector(self, name: str, injector: Injector, stream: str,
-                     on_malformed: ErrorPolicy | str = ErrorPolicy.DEAD_LETTER) -> "Pipeline":
+                     on_malformed: ErrorPolicy | str = ErrorPolicy.DEAD_LETTER,
+                     idle_after_ms: int | None = None) -> "Pipeline":
         """Bring `injector`'s records in as `stream`. Input it cannot parse goes to dead letters
-        (or stops the pipeline with on_malformed="fail")."""
+        (or stops the pipeline with on_malformed="fail").
+
+        `idle_after_ms`: a partition that finds nothing new (no record, no watermark move) for this
+        long in wall time declares itself idle: consumers leave it out of their low watermark until it
+        publishes again, so a quiet partition does not hold everything back. None: never idle
+        (MillWheel's strict minimum)."""
         self._check_new_node(name)
         self._check_user_stream(stream, f"injector {name!r}")
         if not isinstance(injector, Injector):
@@ -159,7 +166,11 @@ class Pipeline:
         partitions = list(injector.partitions())
         if not partitions or len(set(partitions)) != len(partitions) or not all(isinstance(p, str) for p in partitions):
             raise PipelineError(f"injector {name!r}: partitions() must return distinct str names, got {partitions!r}")
-        self.injectors[name] = InjectorNode(name, injector, stream, _policy(on_malformed, f"injector {name!r}"))
+        if idle_after_ms is not None and (isinstance(idle_after_ms, bool) or not isinstance(idle_after_ms, int)
+                                          or idle_after_ms <= 0):
+            raise PipelineError(f"injector {name!r}: idle_after_ms must be a positive int of milliseconds or None")
+        self.injectors[name] = InjectorNode(name, injector, stream, _policy(on_malformed, f"injector {name!r}"),
+                                            idle_after_ms)
         return self
 
     def add_computation(

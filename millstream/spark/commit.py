@@ -92,6 +92,7 @@ def next_status(previous: dict[str, Any], reports: list[dict[str, Any]], batch: 
         "low_watermark": output[-1] if output else previous["low_watermark"],
         "input_watermark": end["watermark"],
         "senders": {name: item["watermark"] for name, item in end["senders"].items()},
+        "idle_inputs": end.get("idle", []),
         "metrics": metrics,
         "next_wall_timer": min(walls) if walls else None,
         "wall_ms": int(time.time() * 1000),
@@ -148,16 +149,17 @@ class BatchStager:
         if end is None:
             raise RuntimeError(f"Spark's offset log has no batch {batch_id} in {commit.checkpoint.location}")
         statuses: dict[str, dict[str, Any]] = {}
+        segments = batch_segments(end)
         for member in (*commit.fused, plan):  # a fused computation's output points are its consumer's input
             previous = self.status_before(member.name, batch_id)
-            output = output_watermarks(previous["low_watermark"], batch_segments(end))
+            output = output_watermarks(previous["low_watermark"], segments)
             mine = [r for r in reports if r["computation"] == member.name]
             statuses[member.name] = next_status(previous, mine, batch_id, end, output)
         status = statuses[plan.name]
         for files in streams.values():
             files.sort()
-        manifest = {"type": BATCH, "batch": batch_id, "attempt": attempt, "output": output, "streams": streams,
-                    "sinks": sinks, "status": status,
+        manifest = {"type": BATCH, "batch": batch_id, "attempt": attempt, "output": output,
+                    "idle": [s.idle for s in segments], "streams": streams, "sinks": sinks, "status": status,
                     "fused": {m.name: statuses[m.name] for m in commit.fused}}
         self.storage.write_json(staged_path(plan.name, commit.writer.epoch, batch_id), manifest)
         with commit.lock:

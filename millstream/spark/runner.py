@@ -80,8 +80,10 @@ class PipelineProgress:
 
     @property
     def done(self) -> bool:
-        """Every computation's low watermark reached END_OF_TIME: all input was processed."""
-        return bool(self.computations) and all(c.low_watermark >= END_OF_TIME for c in self.computations.values())
+        """Every injector has finished and every computation's low watermark reached END_OF_TIME: all
+        input was processed. (An idle injector has not finished: it may still send.)"""
+        return bool(self.computations) and all(c.low_watermark >= END_OF_TIME for c in self.computations.values()) \
+            and all(i.low_watermark >= END_OF_TIME for i in self.injectors.values())
 
     @property
     def pending_wall_timers(self) -> dict[str, int]:
@@ -260,7 +262,8 @@ class SparkRunner:
             node = self.pipeline.injectors.get(sender.producer)
             owner = bool(node) and self.pipeline.consumers(sender.stream)[0] == name
             senders.append(Sender(sender, node.injector if node else None, owner,
-                                  node.on_malformed if node else ErrorPolicy.DEAD_LETTER))
+                                  node.on_malformed if node else ErrorPolicy.DEAD_LETTER,
+                                  node.idle_after_ms if node else None))
         source_plan = SourcePlan(first, self.root, tuple(senders), wake_file(name),
                                  max_records_per_batch=self.max_records_per_batch)
         rows = spark.readStream.format(SOURCE_FORMAT).option("plan", source_plan.encode()).load()

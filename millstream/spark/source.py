@@ -67,6 +67,7 @@ class Sender:
     injector: Injector | None
     owns_malformed: bool  # this computation turns the injector's malformed input into dead letters
     on_malformed: ErrorPolicy = ErrorPolicy.DEAD_LETTER
+    idle_after_ms: int | None = None  # an injector partition quiet this long declares itself idle
 
 
 @dataclass(frozen=True)
@@ -101,7 +102,7 @@ class BatchPlan:
 
     @classmethod
     def loads(cls, blob: bytes) -> "BatchPlan":
-        segments, wall = pickle.loads(blob)
+        segments, wall = pickle.loads(blob)  # written by this module's driver side
         return cls(tuple(Segment(*s) for s in segments), wall)
 
     @classmethod
@@ -112,8 +113,16 @@ class BatchPlan:
 def batch_segments(end: dict[str, Any]) -> list[Segment]:
     """The input points of the batch ending at `end`. A batch with none (Spark's very first, before
     anything arrived) is a heartbeat where the watermark stands."""
-    points = [Segment(p["low"], p["high"]) for p in end["points"]]
-    return points or [Segment(end["watermark"], end["watermark"])]
+    points = [Segment(p["low"], p["high"], tuple(tuple(i) for i in p["inputs"]), p["idle"]) for p in end["points"]]
+    if points:
+        return points
+    inputs = tuple((stream, mark, mark) for stream, mark in sorted(end.get("inputs", {}).items()))
+    return [Segment(end["watermark"], end["watermark"], inputs, len(end.get("idle", [])) == len(end["senders"]))]
+
+
+def _point(point: Segment, sender: str | None, **where: Any) -> dict[str, Any]:
+    return {"sender": sender, "low": point.low_watermark, "high": point.advanced_to,
+            "inputs": [list(i) for i in point.inputs], "idle": point.idle, **where}
 
 
 class _Partition(InputPartition):
@@ -128,20 +137,24 @@ def initial_offset(plan: SourcePlan) -> dict[str, Any]:
             partition = sender.plan.partition
             offset = sender.injector.initial_offset(partition)  # type: ignore[arg-type]
             senders[sender.plan.name] = {"offset": offset,
-                                         "watermark": sender.injector.low_watermark(partition, offset)}  # type: ignore[arg-type]
+                                         "watermark": sender.injector.low_watermark(partition, offset),  # type: ignore[arg-type]
+                                         "active_ms": int(time.time() * 1000)}
         else:
             senders[sender.plan.name] = {"position": -1, "watermark": BEGINNING_OF_TIME}
-    coalescer = WatermarkCoalescer(senders)
+    coalescer = plan.computation.coalescer()
     for name, item in senders.items():
         coalescer.observe(name, item["watermark"])
-    return {"senders": senders, "watermark": coalescer.coalesced, "wall": 0, "tick": 0, "points": []}
+    return {"senders": senders, "watermark": coalescer.coalesced, "wall": 0, "tick": 0, "points": [],
+            "inputs": coalescer.group_marks(), "idle": []}
 
 
 def plan_next_batch(plan: SourcePlan, start: dict[str, Any], wall_timer_due: bool,
                     now_ms: int | None = None) -> dict[str, Any]:
     """The end offset of the next batch (`start` itself when there is nothing to do)."""
     coalescer = WatermarkCoalescer.restore({n: s["watermark"] for n, s in start["senders"].items()},
-                                           start["watermark"])
+                                           start["watermark"], start.get("idle", []),
+                                           plan.computation.sender_groups(), start.get("inputs"))
+    now = now_ms if now_ms is not None else int(time.time() * 1000)
     senders = dict(start["senders"])
     points: list[dict[str, Any]] = []
     injector_partitions = sum(1 for s in plan.senders if s.injector is not None) or 1
@@ -154,10 +167,14 @@ def plan_next_batch(plan: SourcePlan, start: dict[str, Any], wall_timer_due: boo
             end = sender.injector.latest_offset(partition, item["offset"], cap)  # type: ignore[arg-type]
             watermark = max(item["watermark"], sender.injector.low_watermark(partition, end))  # type: ignore[arg-type]
             if end == item["offset"] and watermark == item["watermark"]:
+                active = item.get("active_ms", now)
+                if sender.idle_after_ms is not None and not coalescer.is_idle(name) and \
+                        now - active >= sender.idle_after_ms:
+                    points.append(_point(coalescer.advance(name, watermark, idle=True), name))
+                    senders[name] = {**item, "active_ms": active}
                 continue
-            low, high = coalescer.advance(name, watermark)
-            points.append({"sender": name, "low": low, "high": high, "start": item["offset"], "end": end})
-            senders[name] = {"offset": end, "watermark": watermark}
+            points.append(_point(coalescer.advance(name, watermark), name, start=item["offset"], end=end))
+            senders[name] = {"offset": end, "watermark": watermark, "active_ms": now}
             continue
         log = PublicationLog(plan.root, sender.plan.producer)
         position = item["position"]
@@ -165,10 +182,10 @@ def plan_next_batch(plan: SourcePlan, start: dict[str, Any], wall_timer_due: boo
             if entry["type"] == BATCH:
                 if len(points) + len(entry["output"]) > plan.max_points and points:
                     break  # whole entries only; the rest goes to the next batch
+                idle = entry.get("idle") or [False] * len(entry["output"])
                 for index, watermark in enumerate(entry["output"]):
-                    low, high = coalescer.advance(name, max(watermark, coalescer.input_watermark(name)))
-                    points.append({"sender": name, "low": low, "high": high, "position": entry_position,
-                                   "segment": index})
+                    segment = coalescer.advance(name, max(watermark, coalescer.input_watermark(name)), idle[index])
+                    points.append(_point(segment, name, position=entry_position, segment=index))
             position = entry_position
         if position != item["position"]:
             senders[name] = {"position": position, "watermark": coalescer.input_watermark(name)}
@@ -176,10 +193,9 @@ def plan_next_batch(plan: SourcePlan, start: dict[str, Any], wall_timer_due: boo
     if not points and tick == start["tick"]:
         return start  # nothing to deliver (log entries that were only claims are read again later)
     if not points:  # a wall tick alone: one point where the watermark stands
-        points.append({"sender": None, "low": coalescer.coalesced, "high": coalescer.coalesced})
-    wall = now_ms if now_ms is not None else int(time.time() * 1000)
-    return {"senders": senders, "watermark": coalescer.coalesced, "wall": max(wall, start["wall"]), "tick": tick,
-            "points": points}
+        points.append(_point(coalescer.hold(), None))
+    return {"senders": senders, "watermark": coalescer.coalesced, "wall": max(now, start["wall"]), "tick": tick,
+            "points": points, "inputs": coalescer.group_marks(), "idle": coalescer.idle()}
 
 
 class InputsReader(DataSourceStreamReader):
@@ -205,8 +221,8 @@ class InputsReader(DataSourceStreamReader):
         by_entry: dict[tuple[str, int], dict[int, int]] = {}
         for index, point in enumerate(end["points"]):
             sender = point["sender"]
-            if sender is None:
-                continue
+            if sender is None or ("start" not in point and "position" not in point):
+                continue  # a heartbeat, or an injector partition declaring itself idle: no records
             if "start" in point:
                 parts.append(_Partition("injector", sender, batch, start=point["start"], end=point["end"],
                                         segment=index))

@@ -43,6 +43,7 @@ class _Point:
     records: list[Produced]
     watermark: int
     rejected: list[Produced] = field(default_factory=list)  # dead letters made before the computation
+    idle: bool = False  # the sender declares itself idle after this point
 
 
 @dataclass
@@ -83,7 +84,7 @@ class PipelineHarness:
             self._runs[name] = _ComputationRun(
                 plan,
                 [KeyGroupExecutor(plan, MemoryKeyStore()) for _ in range(key_groups)],
-                WatermarkCoalescer(plan.sender_names()),
+                plan.coalescer(),
             )
         self._watermarks: dict[tuple[str, str], int] = {}
         self._offsets: dict[tuple[str, str], Offset] = {}
@@ -92,6 +93,9 @@ class PipelineHarness:
                 self._watermarks[(name, partition)] = BEGINNING_OF_TIME
                 self._offsets[(name, partition)] = node.injector.initial_offset(partition)
         self._fed = {name: 0 for name in pipeline.injectors}
+        # Injector partitions: the wall time they last moved, and whether they declared themselves idle.
+        self._active: dict[tuple[str, str], int] = {k: wall_time for k in self._watermarks}
+        self._idle: set[tuple[str, str]] = set()
         # Publication points not yet consumed, per (consumer, sender name).
         self._pending: dict[tuple[str, str], list[_Point]] = {}
         self._outputs: dict[str, list[Produced]] = {s: [] for s in pipeline.streams()}
@@ -122,6 +126,14 @@ class PipelineHarness:
         self._set_watermark(injector, partition, watermark)
         self._publish_injector(injector, partition, [], [])
 
+    def declare_idle(self, injector: str, partition: str | None = None) -> None:
+        """Publish that an injector (partition) is idle, as it would after `idle_after_ms` without
+        anything new: its consumers leave it out of their watermark until it publishes again."""
+        self._injector(injector)
+        partition = self._partition(injector, partition)
+        self._idle.add((injector, partition))
+        self._publish_injector(injector, partition, [], [], idle=True)
+
     def advance_wall_time(self, wall_time: int) -> None:
         if wall_time < self.wall_time:
             raise ValueError("the wall clock does not go back")
@@ -139,6 +151,11 @@ class PipelineHarness:
                 end = node.injector.latest_offset(partition, start, max_records)
                 watermark = max(self._watermarks[(name, partition)], node.injector.low_watermark(partition, end))
                 if end == start and watermark == self._watermarks[(name, partition)]:
+                    quiet_for = self.wall_time - self._active[(name, partition)]
+                    if node.idle_after_ms is not None and quiet_for >= node.idle_after_ms and \
+                            (name, partition) not in self._idle:
+                        self.declare_idle(name, partition)
+                        moved = True
                     continue
                 produced: list[Produced] = []
                 rejected: list[Produced] = []
@@ -239,7 +256,7 @@ class PipelineHarness:
             input_plan = plan.input(sender.stream)
             for point in points:
                 j = len(segments)
-                segments.append(run.coalescer.advance(sender.name, point.watermark))
+                segments.append(run.coalescer.advance(sender.name, point.watermark, point.idle))
                 rejected.extend(p._replace(segment=j) for p in point.rejected)
                 for item in point.records:
                     record = Record.encoded(item.key, item.value, input_plan.codec, item.timestamp, item.id)
@@ -253,7 +270,7 @@ class PipelineHarness:
         if not segments:
             if not wall_due:
                 return False
-            segments.append(Segment(run.coalescer.coalesced, run.coalescer.coalesced))
+            segments.append(run.coalescer.hold())
         by_group: dict[int, list[Delivery]] = {}
         for delivery in deliveries:
             by_group.setdefault(key_group(delivery.key, plan.key_groups), []).append(delivery)
@@ -268,30 +285,33 @@ class PipelineHarness:
         run.watermark_history.append(run.output_watermark)
         produced.sort(key=_output_order)
         for j, watermark in enumerate(published):
-            self._publish(plan.name, [p for p in produced if p.segment == j], watermark)
+            self._publish(plan.name, [p for p in produced if p.segment == j], watermark, segments[j].idle)
         return True
 
     def _publish_injector(self, injector: str, partition: str, produced: list[Produced],
-                          rejected: list[Produced]) -> None:
+                          rejected: list[Produced], idle: bool = False) -> None:
         node = self.pipeline.injectors[injector]
         watermark = self._watermarks[(injector, partition)]
+        if not idle:
+            self._active[(injector, partition)] = self.wall_time
+            self._idle.discard((injector, partition))
         consumers = self.pipeline.consumers(node.stream)
         for stream_item in produced:
             self._outputs[node.stream].append(stream_item)
         for index, consumer in enumerate(consumers):
             # Malformed input becomes a dead letter once: published by the first consumer.
-            point = _Point(list(produced), watermark, rejected if index == 0 else [])
+            point = _Point(list(produced), watermark, rejected if index == 0 else [], idle)
             sender = f"{node.stream}/{injector}#{partition}"
             self._pending.setdefault((consumer, sender), []).append(point)
 
-    def _publish(self, producer: str, produced: list[Produced], watermark: int) -> None:
+    def _publish(self, producer: str, produced: list[Produced], watermark: int, idle: bool) -> None:
         by_stream: dict[str, list[Produced]] = {}
         for item in produced:
             self._outputs[item.stream].append(item)
             by_stream.setdefault(item.stream, []).append(item)
         for stream in self.pipeline.outputs(producer):
             for consumer in self.pipeline.consumers(stream):
-                point = _Point(by_stream.get(stream, []), watermark)
+                point = _Point(by_stream.get(stream, []), watermark, idle=idle)
                 self._pending.setdefault((consumer, f"{stream}/{producer}"), []).append(point)
 
     def _malformed(self, injector: str, partition: str, item: Malformed) -> Produced:
