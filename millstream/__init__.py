@@ -4,6 +4,7 @@ from millstream.injectors.files import FileInjector
 from millstream.injectors.generator import GeneratorInjector
 from millstream.injectors.kafka import KafkaInjector, KafkaInjectorError, KafkaMessage
 from millstream.injectors.scripted import ScriptedInjector
+from millstream.joins import IntervalJoin
 from millstream.model.codecs import BytesCodec, Codec, CodecError, JsonCodec, PickleCodec, StrCodec
 from millstream.model.computation import Computation, ComputationInfo, Context
 from millstream.model.injector import Injector, Malformed, Offset
@@ -17,7 +18,7 @@ from millstream.windows import (
 __all__ = [
     "BEGINNING_OF_TIME", "DEAD_LETTERS", "END_OF_TIME", "BytesCodec", "Codec", "CodecError", "Collect",
     "Computation", "ComputationInfo", "Context", "Count", "ErrorPolicy", "FileInjector", "Fold",
-    "GeneratorInjector", "Injector", "JsonCodec", "KafkaInjector", "KafkaInjectorError", "KafkaMessage",
+    "GeneratorInjector", "Injector", "IntervalJoin", "JsonCodec", "KafkaInjector", "KafkaInjectorError", "KafkaMessage",
     "ListState", "Malformed", "MapState", "Max", "Min", "Offset", "PickleCodec", "Pipeline", "PipelineError",
     "Production", "Record", "ScriptedInjector", "SlidingWindows", "StrCodec", "Sum", "TimeDomain", "Timer",
     "TumblingWindows", "ValueState", "Window", "WindowAggregate",

@@ -1,0 +1,112 @@
+"""Stream-to-stream joins on event time: the interval join (seed 001's use for per-input watermarks).
+
+`IntervalJoin` joins two streams by key: a left record l and a right record r of the same key match
+when r's time is in [l.time + lower_ms, l.time + upper_ms]. It buffers each side in the key's state
+and forgets a record once the *other* side's watermark guarantees nothing can match it any more:
+
+- a left record l waits for right records until the right side's watermark passes l.time + upper_ms;
+  then, for a left outer join (`how="left"`) it is emitted unmatched if nothing matched it;
+- a right record r is kept while a left record can still reach it: until the left side's watermark
+  passes r.time - lower_ms.
+
+Both are low-watermark timers, which fire by the computation's input watermark: the minimum of both
+sides, so never before the other side allows (and when one side is idle, by the other one alone).
+A record stamped behind its own side's watermark (`ctx.input_watermark(side)`) is late: what it
+could have matched may be gone, so it is not joined; it goes to `late_stream` if given (and is counted
+as late either way), never silently dropped.
+
+Pairs are stamped with the later of the two times; unmatched left rows with the time they were
+decided (l.time + upper_ms + 1). Values are kept with pickle (the join's own state, never read from
+outside), so any value a stream carries can be joined.
+
+>>> from millstream import Pipeline, Record, ScriptedInjector
+>>> from millstream.testing import PipelineHarness
+>>> join = IntervalJoin("clicks", "buys", lower_ms=0, upper_ms=100, how="left")
+>>> harness = PipelineHarness(Pipeline("shop")
+...     .add_injector("c", ScriptedInjector("c", [([Record("u1", "ad", 10), Record("u2", "ad", 20)], 50)]), "clicks")
+...     .add_injector("b", ScriptedInjector("b", [([Record("u1", "shoe", 60)], 50)]), "buys")
+...     .add_computation("join", join, ["clicks", "buys"], join.outputs))
+>>> harness.run_injectors()
+>>> sorted((r.key, r.value["left"], r.value["right"]) for r in harness.output("joined"))
+[('u1', 'ad', 'shoe'), ('u2', 'ad', None)]
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from millstream.model.codecs import PickleCodec
+from millstream.model.computation import Computation, Context
+from millstream.model.records import Record, Timer
+from millstream.model.state import MapState
+
+Combine = Callable[[Record[Any], "Record[Any] | None"], Any]
+
+
+def _pair(left: Record[Any], right: Record[Any] | None) -> Any:
+    return {"left": left.value, "right": None if right is None else right.value}
+
+
+class IntervalJoin(Computation):
+    """See the module doc. Add it with `pipeline.add_computation(name, join, [left, right], join.outputs)`
+    (a mapping to key extractors works too: both sides must be keyed by the join key)."""
+
+    # id -> (time, value, matched): the left rows still waiting; id -> (time, value): right rows kept.
+    left_rows = MapState[str, tuple]("left_rows", value_codec=PickleCodec())
+    right_rows = MapState[str, tuple]("right_rows", value_codec=PickleCodec())
+
+    def __init__(self, left: str, right: str, lower_ms: int, upper_ms: int, how: str = "inner",
+                 output: str = "joined", late_stream: str | None = None, combine: Combine = _pair) -> None:
+        if how not in ("inner", "left"):
+            raise ValueError(f"how must be 'inner' or 'left', got {how!r}")
+        if lower_ms > upper_ms:
+            raise ValueError(f"lower_ms {lower_ms} is above upper_ms {upper_ms}: the interval is empty")
+        if left == right:
+            raise ValueError("the two sides of a join must be different streams")
+        self.left, self.right = left, right
+        self.lower_ms, self.upper_ms = lower_ms, upper_ms
+        self.how, self.output, self.late_stream, self.combine = how, output, late_stream, combine
+
+    @property
+    def outputs(self) -> list[str]:
+        return [self.output] + ([self.late_stream] if self.late_stream else [])
+
+    def process_record(self, ctx: Context, record: Record[Any]) -> None:
+        side = ctx.input_stream
+        if record.timestamp < ctx.input_watermark(side):  # type: ignore[arg-type]
+            if self.late_stream:
+                ctx.produce(Record(ctx.key, {"side": side, "value": record.value, "id": record.id}, record.timestamp),
+                            self.late_stream)
+            return
+        lefts, rights = ctx.state(self.left_rows), ctx.state(self.right_rows)
+        if side == self.left:
+            matched = False
+            for rid, (time, value) in rights.items():
+                if record.timestamp + self.lower_ms <= time <= record.timestamp + self.upper_ms:
+                    self._emit(ctx, record, Record(ctx.key, value, time, rid))
+                    matched = True
+            lefts.put(record.id, (record.timestamp, record.value, matched))
+            ctx.set_timer(f"L{record.id}", record.timestamp + self.upper_ms + 1)
+        else:
+            for lid, (time, value, matched) in lefts.items():
+                if time + self.lower_ms <= record.timestamp <= time + self.upper_ms:
+                    self._emit(ctx, Record(ctx.key, value, time, lid), record)
+                    if not matched:
+                        lefts.put(lid, (time, value, True))
+            rights.put(record.id, (record.timestamp, record.value))
+            ctx.set_timer(f"R{record.id}", record.timestamp - self.lower_ms + 1)
+
+    def process_timer(self, ctx: Context, timer: Timer) -> None:
+        row_id = timer.tag[1:]
+        if timer.tag[0] == "R":  # no left record can reach this right one any more
+            ctx.state(self.right_rows).remove(row_id)
+            return
+        lefts = ctx.state(self.left_rows)
+        time, value, matched = lefts.get(row_id)
+        lefts.remove(row_id)
+        if not matched and self.how == "left":
+            ctx.produce(Record(ctx.key, self.combine(Record(ctx.key, value, time, row_id), None), timer.time),
+                        self.output)
+
+    def _emit(self, ctx: Context, left: Record[Any], right: Record[Any]) -> None:
+        ctx.produce(Record(ctx.key, self.combine(left, right), max(left.timestamp, right.timestamp)), self.output)

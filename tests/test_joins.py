@@ -1,0 +1,95 @@
+"""The interval join against a plain-Python oracle: out-of-order records on both sides, honest
+watermarks, inner and left outer, one side idle for a stretch; late records are reported, not
+joined."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from millstream import Pipeline, Record, ScriptedInjector
+from millstream.joins import IntervalJoin
+from millstream.testing import PipelineHarness
+
+LOWER, UPPER = -30, 50
+KEYS = ["a", "b", "c"]
+
+
+def side(rng, name, count, quiet=None):
+    """Steps of (records, watermark): record times jitter up to 40 ms behind their step's start, the
+    watermark is honest (the step's start minus the jitter bound). `quiet`: steps with no records."""
+    steps, records = [], []
+    for step in range(count):
+        base = step * 20
+        batch = [] if quiet and quiet[0] <= step < quiet[1] else [
+            Record(rng.choice(KEYS), f"{name}{step}-{i}", base + rng.randrange(40), f"{name}-{step}-{i}")
+            for i in range(rng.randrange(3))]
+        records.extend(batch)
+        steps.append((batch, base - 40 + 20))
+    return steps, records
+
+
+def oracle(lefts, rights, how):
+    pairs = []
+    for left in lefts:
+        matches = [r for r in rights if r.key == left.key and left.timestamp + LOWER <= r.timestamp <= left.timestamp + UPPER]
+        pairs.extend((left.key, left.value, r.value) for r in matches)
+        if not matches and how == "left":
+            pairs.append((left.key, left.value, None))
+    return sorted(pairs, key=repr)
+
+
+def run(left_steps, right_steps, how, idle_right=None):
+    join = IntervalJoin("L", "R", LOWER, UPPER, how=how, late_stream="late")
+    pipeline = (Pipeline("join")
+                .add_injector("left", ScriptedInjector("left", left_steps), "L")
+                .add_injector("right", ScriptedInjector("right", right_steps), "R", idle_after_ms=100)
+                .add_computation("join", join, ["L", "R"], join.outputs))
+    h = PipelineHarness(pipeline)
+    for step in range(max(len(left_steps), len(right_steps)) + 1):
+        if idle_right and idle_right[0] <= step < idle_right[1]:
+            h.advance_wall_time(h.wall_time + 150)  # the right side finds nothing new: it goes idle
+        h.pull_injectors()
+        h.step()
+    h.run_injectors()
+    return sorted(((r.key, r.value["left"], r.value["right"]) for r in h.output("joined")), key=repr), h
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("how", ["inner", "left"])
+def test_interval_join_equals_the_oracle(seed, how):
+    rng = random.Random(seed)
+    left_steps, lefts = side(rng, "l", 40)
+    right_steps, rights = side(rng, "r", 40)
+    joined, h = run(left_steps, right_steps, how)
+    assert joined == oracle(lefts, rights, how)
+    assert h.output("late") == []
+    assert h.keys("join") == []  # every buffered row was let go once nothing could match it
+
+
+@pytest.mark.parametrize("how", ["inner", "left"])
+def test_one_side_idle_for_a_stretch(how):
+    rng = random.Random(11)
+    left_steps, lefts = side(rng, "l", 40)
+    right_steps, rights = side(rng, "r", 40, quiet=(10, 25))
+    # While the right side is quiet its watermark stays put; declared idle, it stops holding the
+    # join back: left rows of the stretch are decided by the left side alone.
+    right_steps = [(records, watermark if not 10 <= i < 25 else right_steps[9][1]) for i, (records, watermark)
+                   in enumerate(right_steps)]
+    joined, h = run(left_steps, right_steps, how, idle_right=(12, 25))
+    assert joined == oracle(lefts, rights, how)
+    assert h.output("late") == []
+
+
+def test_records_behind_their_side_are_late_not_joined():
+    join = IntervalJoin("L", "R", 0, 100, how="left", late_stream="late")
+    pipeline = (Pipeline("join")
+                .add_injector("left", ScriptedInjector("left", [([Record("k", "l1", 10, "l1")], 500),
+                                                                ([Record("k", "l0", 20, "l0")], 600)]), "L")
+                .add_injector("right", ScriptedInjector("right", [([Record("k", "r1", 60, "r1")], 500)]), "R")
+                .add_computation("join", join, ["L", "R"], join.outputs))
+    h = PipelineHarness(pipeline)
+    h.run_injectors()
+    assert sorted((r.value["left"], r.value["right"]) for r in h.output("joined")) == [("l1", "r1")]
+    assert [r.value["id"] for r in h.output("late")] == ["l0"]
