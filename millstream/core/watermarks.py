@@ -160,6 +160,22 @@ class WatermarkCoalescer:
         return self._coalesced
 
 
+def too_far_ahead(injector_watermark: int, downstream_watermarks: Iterable[int], max_skew_ms: int | None) -> bool:
+    """The skew limit: an injector stops reading while a computation downstream of it has published
+    a low watermark more than `max_skew_ms` behind the injector's (computations that have published
+    nothing yet do not count: they are still starting).
+
+    >>> too_far_ahead(10_000, [9_500, 2_000], max_skew_ms=5_000)
+    True
+    >>> too_far_ahead(10_000, [9_500], max_skew_ms=5_000), too_far_ahead(10_000, [], max_skew_ms=5_000)
+    (False, False)
+    """
+    if max_skew_ms is None:
+        return False
+    behind = [w for w in downstream_watermarks if w > BEGINNING_OF_TIME]
+    return bool(behind) and injector_watermark - min(behind) > max_skew_ms
+
+
 def output_watermarks(previous_output: int, segments: Sequence[Segment]) -> list[int]:
     """The computation's output watermark after each input point of a step (see the module doc):
     the input watermark there, never below what it published before.

@@ -81,6 +81,7 @@ class InjectorNode:
     stream: str
     on_malformed: ErrorPolicy = ErrorPolicy.DEAD_LETTER
     idle_after_ms: int | None = None
+    max_skew_ms: int | None = None
 
 
 @dataclass(frozen=True)
@@ -151,14 +152,19 @@ class Pipeline:
 
     def add_injector(self, name: str, injector: Injector, stream: str,
                      on_malformed: ErrorPolicy | str = ErrorPolicy.DEAD_LETTER,
-                     idle_after_ms: int | None = None) -> "Pipeline":
+                     idle_after_ms: int | None = None, max_skew_ms: int | None = None) -> "Pipeline":
         """Bring `injector`'s records in as `stream`. Input it cannot parse goes to dead letters
         (or stops the pipeline with on_malformed="fail").
 
         `idle_after_ms`: a partition that finds nothing new (no record, no watermark move) for this
         long in wall time declares itself idle: consumers leave it out of their low watermark until it
         publishes again, so a quiet partition does not hold everything back. None: never idle
-        (MillWheel's strict minimum)."""
+        (MillWheel's strict minimum).
+
+        `max_skew_ms`: stop reading (nothing is lost or reordered: reading resumes where it paused)
+        while a computation downstream of this injector has published a low watermark more than this
+        far behind the injector's own. What waits for a watermark (windows, join buffers) then stays
+        bounded when a stage or another input lags (MillWheel section 9.4's remedy for skew)."""
         self._check_new_node(name)
         self._check_user_stream(stream, f"injector {name!r}")
         if not isinstance(injector, Injector):
@@ -166,11 +172,11 @@ class Pipeline:
         partitions = list(injector.partitions())
         if not partitions or len(set(partitions)) != len(partitions) or not all(isinstance(p, str) for p in partitions):
             raise PipelineError(f"injector {name!r}: partitions() must return distinct str names, got {partitions!r}")
-        if idle_after_ms is not None and (isinstance(idle_after_ms, bool) or not isinstance(idle_after_ms, int)
-                                          or idle_after_ms <= 0):
-            raise PipelineError(f"injector {name!r}: idle_after_ms must be a positive int of milliseconds or None")
+        for option, value in (("idle_after_ms", idle_after_ms), ("max_skew_ms", max_skew_ms)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+                raise PipelineError(f"injector {name!r}: {option} must be a positive int of milliseconds or None")
         self.injectors[name] = InjectorNode(name, injector, stream, _policy(on_malformed, f"injector {name!r}"),
-                                            idle_after_ms)
+                                            idle_after_ms, max_skew_ms)
         return self
 
     def add_computation(
@@ -273,6 +279,17 @@ class Pipeline:
 
     def consumers(self, stream: str) -> list[str]:
         return sorted(n.name for n in self.computations.values() if stream in n.inputs)
+
+    def downstream(self, stream: str) -> list[str]:
+        """Every computation that reads `stream`, directly or through other computations."""
+        found: list[str] = []
+        pending = [stream]
+        while pending:
+            for consumer in self.consumers(pending.pop()):
+                if consumer not in found:
+                    found.append(consumer)
+                    pending.extend(self.computations[consumer].outputs)
+        return sorted(found)
 
     def streams(self) -> set[str]:
         found = {n.stream for n in self.injectors.values()}

@@ -274,7 +274,7 @@ class Publisher:
         faults.reached("published", name)
         for member, status in ((name, manifest["status"]), *manifest.get("fused", {}).items()):
             history = {k: status.get(k) for k in ("batch", "low_watermark", "input_watermark", "wall_ms",
-                                                  "state_bytes_written", "state_bytes_changed")}
+                                                  "state_bytes_written", "state_bytes_changed", "senders")}
             self.storage.write_json(f"status/{member}/history/{batch:012d}.json", history)
             self.storage.write_json(f"status/{member}/latest.json", {**status, "position": position})
         self.sinks.published(name, position, manifest)

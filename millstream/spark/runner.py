@@ -263,7 +263,8 @@ class SparkRunner:
             owner = bool(node) and self.pipeline.consumers(sender.stream)[0] == name
             senders.append(Sender(sender, node.injector if node else None, owner,
                                   node.on_malformed if node else ErrorPolicy.DEAD_LETTER,
-                                  node.idle_after_ms if node else None))
+                                  node.idle_after_ms if node else None, node.max_skew_ms if node else None,
+                                  tuple(self.pipeline.downstream(sender.stream)) if node else ()))
         source_plan = SourcePlan(first, self.root, tuple(senders), wake_file(name),
                                  max_records_per_batch=self.max_records_per_batch)
         rows = spark.readStream.format(SOURCE_FORMAT).option("plan", source_plan.encode()).load()

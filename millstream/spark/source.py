@@ -31,7 +31,7 @@ from millstream.core.deadletters import dead_letter
 from millstream.core.executor import ComputationFailed, key_or_dead_letter
 from millstream.core.plan import ComputationPlan, InputPlan, SenderPlan, key_group
 from millstream.core.production import Produced
-from millstream.core.watermarks import Segment, WatermarkCoalescer
+from millstream.core.watermarks import Segment, WatermarkCoalescer, too_far_ahead
 from millstream.model.injector import Injector, Malformed
 from millstream.model.pipeline import ErrorPolicy
 from millstream.model.records import BEGINNING_OF_TIME, Record
@@ -68,6 +68,8 @@ class Sender:
     owns_malformed: bool  # this computation turns the injector's malformed input into dead letters
     on_malformed: ErrorPolicy = ErrorPolicy.DEAD_LETTER
     idle_after_ms: int | None = None  # an injector partition quiet this long declares itself idle
+    max_skew_ms: int | None = None  # the skew limit (core/watermarks.py: too_far_ahead)
+    downstream: tuple[str, ...] = ()  # computations downstream of the injector, for the skew limit
 
 
 @dataclass(frozen=True)
@@ -159,11 +161,23 @@ def plan_next_batch(plan: SourcePlan, start: dict[str, Any], wall_timer_due: boo
     points: list[dict[str, Any]] = []
     injector_partitions = sum(1 for s in plan.senders if s.injector is not None) or 1
     cap = max(1, plan.max_records_per_batch // injector_partitions)
+    published: dict[str, int] = {}  # downstream computations' published low watermarks, read once
+
+    def downstream_watermarks(names: tuple[str, ...]) -> list[int]:
+        for name in names:
+            if name not in published:
+                status = Storage(plan.root).read_json(f"status/{name}/latest.json") or {}
+                published[name] = status.get("low_watermark", BEGINNING_OF_TIME)
+        return [published[n] for n in names]
+
     for sender in sorted(plan.senders, key=lambda s: s.plan.name):
         name = sender.plan.name
         item = senders[name]
         if sender.injector is not None:
             partition = sender.plan.partition
+            if sender.max_skew_ms is not None and too_far_ahead(item["watermark"], downstream_watermarks(
+                    sender.downstream), sender.max_skew_ms):
+                continue  # the skew limit: wait for the stages behind to catch up
             end = sender.injector.latest_offset(partition, item["offset"], cap)  # type: ignore[arg-type]
             watermark = max(item["watermark"], sender.injector.low_watermark(partition, end))  # type: ignore[arg-type]
             if end == item["offset"] and watermark == item["watermark"]:

@@ -26,7 +26,7 @@ from millstream.core.production import Produced
 from millstream.core.executor import Delivery, KeyGroupExecutor, StepMetrics, inspect_key, key_or_dead_letter
 from millstream.core.plan import ComputationPlan, key_group, plan_computation
 from millstream.core.store import MemoryKeyStore
-from millstream.core.watermarks import Segment, WatermarkCoalescer, output_watermarks
+from millstream.core.watermarks import Segment, WatermarkCoalescer, output_watermarks, too_far_ahead
 from millstream.model.injector import Malformed, Offset
 from millstream.model.pipeline import DEAD_LETTERS, ErrorPolicy, Pipeline, PipelineError
 from millstream.model.records import BEGINNING_OF_TIME, Record, Timer, derive_record_id
@@ -146,7 +146,10 @@ class PipelineHarness:
         moved = False
         for name, node in self.pipeline.injectors.items():
             codec = self.pipeline.codec(node.stream)
+            downstream = [self._runs[c].output_watermark for c in self.pipeline.downstream(node.stream)]
             for partition in node.injector.partitions():
+                if too_far_ahead(self._watermarks[(name, partition)], downstream, node.max_skew_ms):
+                    continue  # the skew limit: wait for the stages behind to catch up
                 start = self._offsets[(name, partition)]
                 end = node.injector.latest_offset(partition, start, max_records)
                 watermark = max(self._watermarks[(name, partition)], node.injector.low_watermark(partition, end))

@@ -1,0 +1,43 @@
+"""The skew limit on Spark: the fast injector never runs more than the limit (plus one read) ahead of
+the computation behind it, and the output is the same as without the limit."""
+
+import sys
+import os
+
+from millstream.spark.runner import SparkRunner
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from test_skew_limit import FAST, Windows  # noqa: E402
+
+from millstream import GeneratorInjector, Pipeline, Record  # noqa: E402
+
+
+def pipeline(max_skew_ms):
+    fast = GeneratorInjector(lambda i: Record(f"k{i % 5}", i, i * 10), FAST, lambda n: n * 10,
+                             max_records_per_read=300, name="fast")
+    slow = GeneratorInjector(lambda i: Record("s", i, i * 1_000), 60, lambda n: n * 1_000,
+                             records_per_second=4, name="slow")
+    return (Pipeline("skew")
+            .add_injector("fast", fast, "in", max_skew_ms=max_skew_ms)
+            .add_injector("slow", slow, "in")
+            .add_computation("windows", Windows(), ["in"], ["windows"]))
+
+
+def lead(runner):
+    """How far the fast injector ran ahead of the windows computation, at worst, over the run."""
+    found = [0]
+    for entry in runner.watermark_history("windows"):
+        fast = min(w for s, w in entry["senders"].items() if "/fast#" in s)
+        if entry["low_watermark"] > -(2**47) and fast < 2**47 - 1:
+            found.append(fast - entry["low_watermark"])
+    return max(found)
+
+
+def test_the_skew_limit_on_spark(spark, tmp_path):
+    limited = SparkRunner(pipeline(2_000), root=str(tmp_path / "limited"), spark=spark)
+    limited.run(timeout=300)
+    unlimited = SparkRunner(pipeline(None), root=str(tmp_path / "unlimited"), spark=spark)
+    unlimited.run(timeout=300)
+    assert 0 < lead(limited) <= 2_000 + 300 * 10 < lead(unlimited) / 3, (lead(limited), lead(unlimited))
+    assert sorted((r.key, tuple(r.value)) for r in limited.read_stream("windows")) == sorted(
+        (r.key, tuple(r.value)) for r in unlimited.read_stream("windows"))
