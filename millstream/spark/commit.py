@@ -208,7 +208,7 @@ class Publisher:
     def catch_up(self) -> None:
         """Publish every batch Spark committed that was not published yet (a crash between Spark's
         commit and the publication), from the manifest its attempt staged."""
-        for name in self.commits:
+        for name in list(self.commits):
             self.publish_committed(name)
 
     def start(self) -> None:
@@ -227,8 +227,9 @@ class Publisher:
     def _loop(self) -> None:
         while not self._stop.is_set():
             try:
-                for name in self.commits:
-                    self.publish_committed(name)
+                for name in list(self.commits):  # computations come and go while the pipeline runs
+                    if name in self.commits:
+                        self.publish_committed(name)
             except BaseException as error:  # surfaced by the runner (Fenced, storage errors)
                 self.failure = error
                 return

@@ -4,6 +4,8 @@ Layout under the pipeline root, one directory per computation:
 
     log/<computation>/<position>.json   one entry per position, created only if absent
     log/<computation>/HEAD.json         a hint of the last position (readers probe forward from it)
+    log/<computation>/PRUNED.json       once retention pruned the log: the first retained position,
+                                        and the positions of the claims kept below it
 
 An entry is a *claim* (a driver taking charge of the computation with a new epoch) or a *batch*
 publication: the files holding the records of every output stream for one Spark batch, the output
@@ -14,7 +16,9 @@ there first, it reads what is there, and a claim of a newer epoch means it has b
 (MillWheel's sequencers: a zombie's later writes change nothing).
 
 Consumers read a producer's log from the position after the last one they consumed; the position is
-part of their Spark offsets, so a replayed batch reads exactly the same entries.
+part of their Spark offsets, so a replayed batch reads exactly the same entries. Retention
+(retention.py) prunes batch entries every reader is past; claims are kept, since fencing and take-over
+look for the newest one. A reader that starts from the beginning starts at the first retained entry.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from millstream.spark.storage import Storage
 
 BATCH = "batch"
 CLAIM = "claim"
+PRUNED_FILE = "PRUNED.json"
 
 
 class Fenced(RuntimeError):
@@ -44,13 +49,25 @@ class PublicationLog:
         entry = self.storage.read_json(self._name(position))
         return entry if isinstance(entry, dict) else None
 
+    def pruned(self) -> tuple[int, list[int]]:
+        """(first retained position, claims kept below it); (0, []) if never pruned."""
+        data = self.storage.read_json(PRUNED_FILE)
+        if not isinstance(data, dict):
+            return 0, []
+        return int(data["below"]), [int(p) for p in data["claims"]]
+
     def entries_after(self, position: int, limit: int) -> list[tuple[int, dict[str, Any]]]:
-        """Consecutive entries after `position` (at most `limit`)."""
+        """Consecutive entries after `position` (at most `limit`); from the first retained entry if
+        retention pruned those after `position`."""
         found = []
         while len(found) < limit:
             entry = self.read(position + 1)
             if entry is None:
-                break
+                below, _ = self.pruned()
+                if position + 1 >= below:
+                    break
+                position = below - 1
+                continue
             position += 1
             found.append((position, entry))
         return found
@@ -64,11 +81,25 @@ class PublicationLog:
         return position
 
     def entries_backwards(self, position: int) -> Iterator[tuple[int, dict[str, Any]]]:
-        while position >= 0:
+        """Entries from `position` down: the retained ones, then the claims kept below them."""
+        below, claims = self.pruned()
+        while position >= below:
             entry = self.read(position)
             if entry is not None:
                 yield position, entry
             position -= 1
+        for kept in sorted((c for c in claims if c <= position), reverse=True):
+            entry = self.read(kept)
+            if entry is not None:
+                yield kept, entry
+
+    def mark_pruned(self, below: int, claims: list[int]) -> None:
+        """Record that positions before `below` (except `claims`) are about to be deleted; written
+        before anything is deleted, so a reader never meets a gap it cannot explain."""
+        self.storage.write_json(PRUNED_FILE, {"below": below, "claims": sorted(claims)})
+
+    def delete(self, position: int) -> None:
+        self.storage.delete(self._name(position))
 
     def last_batch(self) -> tuple[int, dict[str, Any] | None]:
         """The newest batch entry (and its position), if any."""

@@ -36,6 +36,7 @@ from millstream.spark.errors import MillstreamRunError, reported_failure, user_e
 from millstream.spark.fencing import Lease, RootInUse, driver_info
 from millstream.spark.operator import FUSED_SCHEMA, OUTPUT_SCHEMA, FusedProducerProcessor, KeyGroupProcessor
 from millstream.spark.publog import BATCH, CLAIM, Fenced, FencedWriter, PublicationLog
+from millstream.spark.retention import DEFAULT_RETAIN_LOGS_S, LogRetention
 from millstream.spark.sinks import SinkDelivery, sink_deliverers
 from millstream.spark.source import LOG_SCHEMA, SOURCE_FORMAT, InputsDataSource, Sender, SourcePlan
 from millstream.spark.storage import Storage, is_local
@@ -105,6 +106,9 @@ class SparkRunner:
 
     A second driver on the same root refuses to start while the first is alive; `takeover=True`
     fences the first one instead (its later writes are never published).
+
+    `retain_logs_s`: published batches every reader (consumers, sinks) is past are deleted once older
+    than this (retention.py has the whole policy); None keeps everything.
     """
 
     def __init__(
@@ -120,6 +124,7 @@ class SparkRunner:
         spark: Any = None,
         checkpoint_root: str | None = None,
         takeover: bool = False,
+        retain_logs_s: float | None = DEFAULT_RETAIN_LOGS_S,
     ) -> None:
         pipeline.validate()
         self._fused_into = _check_weak_productions(pipeline)
@@ -133,6 +138,8 @@ class SparkRunner:
             raise ValueError("key_groups must be >= 1")
         if parallelism is not None and parallelism < 1:
             raise ValueError("parallelism must be >= 1")
+        if retain_logs_s is not None and retain_logs_s < 0:
+            raise ValueError("retain_logs_s must be >= 0 (or None to keep every log)")
         self.pipeline = pipeline
         root = str(root)
         self.root = os.path.abspath(root) if is_local(root) else root
@@ -155,6 +162,8 @@ class SparkRunner:
         self._spark = spark
         self._queries: dict[str, Any] = {}
         self._restarts: dict[str, int] = {}
+        self._start_positions: dict[str, dict[str, Any]] = {}  # new computations starting from now
+        self.epoch = 0
         self._started_ms = 0
         self.key_groups = self._layout(key_groups)
         self._parallelism = parallelism
@@ -165,21 +174,33 @@ class SparkRunner:
         self.commits: dict[str, ComputationCommit] = {}
         self.publisher: Publisher | None = None
         self.sinks: SinkDelivery | None = None
+        self.retention = LogRetention(self.root, retain_logs_s)
 
     def _layout(self, key_groups: int) -> int:
-        """State is partitioned by key group: a resumed run must keep the stored layout."""
+        """State is partitioned by key group, and a fused (weak) pair shares one checkpoint: a resumed
+        run must keep those. Computations may come and go (pipelines change while they run)."""
         path = "pipeline.json"
-        wanted = {"format": LAYOUT_FORMAT, "pipeline": self.pipeline.name, "key_groups": key_groups,
-                  "computations": sorted(self.pipeline.computations), "weak": sorted(self._fused_into)}
+        wanted = self._layout_record(key_groups)
         stored = self.storage.read_json(path)
-        if stored is None:
-            self.storage.write_json(path, wanted)
-        elif stored != wanted:
-            raise PipelineError(
-                f"{self.storage.describe()} holds a run of a different pipeline layout ({stored}); this one is "
-                f"{wanted}. Use another root directory or delete this one to start over"
-            )
+        if stored is not None:
+            problems = []
+            if stored.get("format") != LAYOUT_FORMAT or stored.get("pipeline") != self.pipeline.name:
+                problems.append(f"it holds {stored.get('pipeline')!r} in layout format {stored.get('format')}")
+            elif stored["key_groups"] != key_groups:
+                problems.append(f"it has {stored['key_groups']} key groups, this run asks for {key_groups}")
+            for name, fused_into in wanted["fused_into"].items():
+                if stored["fused_into"].get(name, fused_into) != fused_into:
+                    problems.append(f"computation {name!r} changed between weak and strong productions")
+            if problems:
+                raise PipelineError(f"{self.storage.describe()} cannot run this pipeline: {'; '.join(problems)}. "
+                                    "Use another root directory or delete this one to start over")
+        self.storage.write_json(path, wanted)
         return key_groups
+
+    def _layout_record(self, key_groups: int) -> dict[str, Any]:
+        return {"format": LAYOUT_FORMAT, "pipeline": self.pipeline.name, "key_groups": key_groups,
+                "computations": sorted(self.pipeline.computations), "weak": sorted(self._fused_into),
+                "fused_into": {name: self._fused_into.get(name) for name in sorted(self.pipeline.computations)}}
 
     # -- lifecycle -----------------------------------------------------------------------------
     @property
@@ -225,32 +246,100 @@ class SparkRunner:
             raise RootInUse(
                 f"{self.storage.describe()} is in use by another driver ({holder.describe()}); stop it first, or "  # type: ignore[union-attr]
                 "pass takeover=True to fence it and take over")
-        strong = {name: plan for name, plan in self.plans.items() if name not in self._fused_into}
-        logs = {name: PublicationLog(self.root, name) for name in strong}
-        claimed = [c["epoch"] for c in (log.last_claim() for log in logs.values()) if c is not None]
-        epoch = max([holder.epoch if holder else 0, *claimed]) + 1
-        for name, plan in strong.items():
-            log = logs[name]
-            head = log.head()
-            last_claim = log.last_claim()
-            checkpoint = last_claim["checkpoint"] if last_claim else Storage(self.checkpoint_root).child(
-                f"{name}/g0000").location
-            last_published, _ = _last_published(log)
-            if live and last_claim is not None:
-                checkpoint = _copy_checkpoint(checkpoint, last_published)
-            writer = FencedWriter(log, epoch, head + 1)
-            try:
-                writer.append({"type": CLAIM, "driver": driver_info(epoch), "checkpoint": checkpoint})
-            except Fenced:
-                raise RootInUse(f"{self.storage.describe()}: another driver started on this root at the same "
-                                "moment; only one may run") from None
-            file_sinks = tuple(
-                FileSink(s.name, s.stream, s.path, s.format, self.pipeline.codec(s.stream))  # type: ignore[arg-type]
-                for s in self.pipeline.sinks.values() if s.is_file_sink and s.stream in plan.output_codecs)
-            fused = tuple(self.plans[w] for w, head in self._fused_into.items() if head == name)
-            self.commits[name] = ComputationCommit(plan, Checkpoint(checkpoint), writer, file_sinks, last_published,
-                                                   fused)
-        self.lease.hold(epoch)
+        strong = [name for name in self.plans if name not in self._fused_into]
+        claimed = [c["epoch"] for c in (PublicationLog(self.root, n).last_claim() for n in strong) if c is not None]
+        self.epoch = max([holder.epoch if holder else 0, *claimed]) + 1
+        for name in strong:
+            self._claim_computation(name, copy_checkpoint=live)
+        self.lease.hold(self.epoch)
+
+    def _claim_computation(self, name: str, copy_checkpoint: bool = False) -> None:
+        """Claim this driver's epoch in one computation's log and set up its commit protocol."""
+        plan = self.plans[name]
+        log = PublicationLog(self.root, name)
+        head = log.head()
+        last_claim = log.last_claim()
+        checkpoint = last_claim["checkpoint"] if last_claim else Storage(self.checkpoint_root).child(
+            f"{name}/g0000").location
+        last_published, _ = _last_published(log)
+        if copy_checkpoint and last_claim is not None:
+            checkpoint = _copy_checkpoint(checkpoint, last_published)
+        writer = FencedWriter(log, self.epoch, head + 1)
+        try:
+            writer.append({"type": CLAIM, "driver": driver_info(self.epoch), "checkpoint": checkpoint})
+        except Fenced:
+            raise RootInUse(f"{self.storage.describe()}: another driver started on this root at the same "
+                            "moment; only one may run") from None
+        file_sinks = tuple(
+            FileSink(s.name, s.stream, s.path, s.format, self.pipeline.codec(s.stream))  # type: ignore[arg-type]
+            for s in self.pipeline.sinks.values() if s.is_file_sink and s.stream in plan.output_codecs)
+        fused = tuple(self.plans[w] for w, head in self._fused_into.items() if head == name)
+        self.commits[name] = ComputationCommit(plan, Checkpoint(checkpoint), writer, file_sinks, last_published,
+                                               fused)
+
+    # -- pipelines that change while running (MillWheel section 4) ------------------------------
+    def add_computation(self, name: str, computation: Any, inputs: Any, outputs: Any = (), start: str = "earliest",
+                        **options: Any) -> None:
+        """Add a computation to the running pipeline (same arguments as Pipeline.add_computation) and
+        start it, while the others keep running and keep their state. It reads the computations'
+        streams from the start of their retained logs (`start="earliest"`) or from what they
+        publish next (`start="latest"`); injector streams from their beginning, or, with "latest",
+        from where an existing reader of the same injector has got to."""
+        if start not in ("earliest", "latest"):
+            raise PipelineError(f"start must be 'earliest' or 'latest', got {start!r}")
+        if options.get("production", "strong") != "strong":
+            raise PipelineError("a computation added to a running pipeline uses strong productions")
+        changed = _copy_pipeline(self.pipeline)
+        changed.add_computation(name, computation, inputs, outputs, **options)
+        changed.validate()
+        if PublicationLog(self.root, name).head() >= 0:
+            raise PipelineError(f"computation {name!r} ran on this root before: pick a new name")
+        _pickle_user_code_by_value(changed)
+        self.pipeline = changed
+        self.plans[name] = plan_computation(changed, name, self.key_groups)
+        self._claim_computation(name)
+        self._start_positions[name] = self._positions_now(self.plans[name]) if start == "latest" else {}
+        self.storage.write_json("pipeline.json", self._layout_record(self.key_groups))
+        self._queries[name] = self._start_query(name)
+
+    def remove_computation(self, name: str) -> None:
+        """Stop a computation of the running pipeline and take it out; the others keep running.
+        Nothing may read its streams (a computation or a sink): remove those first. Its published
+        log stays under the root (retention prunes it)."""
+        if name not in self.plans or name in self._fused_into or name in self._fused_into.values():
+            raise PipelineError(f"no strong computation {name!r} to remove (fused pairs are removed together "
+                                "by running without them)")
+        node = self.pipeline.computations[name]
+        readers = [c for s in node.outputs for c in self.pipeline.consumers(s)] + [
+            k.name for k in self.pipeline.sinks.values() if k.stream in node.outputs]
+        if readers:
+            raise PipelineError(f"computation {name!r} is read by {sorted(set(readers))}: remove those first")
+        query = self._queries.pop(name, None)
+        if query is not None:
+            query.stop()
+        if self.publisher is not None:
+            self.publisher.publish_committed(name)
+        self.commits.pop(name, None)
+        self.plans.pop(name)
+        changed = _copy_pipeline(self.pipeline)
+        del changed.computations[name]
+        self.pipeline = changed
+        self.storage.write_json("pipeline.json", self._layout_record(self.key_groups))
+
+    def _positions_now(self, plan: ComputationPlan) -> dict[str, Any]:
+        """Where each sender of a new computation starts when it starts from now."""
+        positions: dict[str, Any] = {}
+        for sender in plan.senders():
+            if sender.partition is None:
+                positions[sender.name] = PublicationLog(self.root, sender.producer).head()
+                continue
+            for other, commit in self.commits.items():  # an existing reader of the same injector partition
+                last = commit.checkpoint.last_committed()
+                offset = commit.checkpoint.end_offset(last) if last >= 0 else None
+                if offset and sender.name in offset["senders"]:
+                    positions[sender.name] = offset["senders"][sender.name]["offset"]
+                    break
+        return positions
 
     def _start_query(self, name: str) -> Any:
         commit = self.commits[name]
@@ -266,7 +355,8 @@ class SparkRunner:
                                   node.idle_after_ms if node else None, node.max_skew_ms if node else None,
                                   tuple(self.pipeline.downstream(sender.stream)) if node else ()))
         source_plan = SourcePlan(first, self.root, tuple(senders), wake_file(name),
-                                 max_records_per_batch=self.max_records_per_batch)
+                                 max_records_per_batch=self.max_records_per_batch,
+                                 start_positions=self._start_positions.get(name, {}))
         rows = spark.readStream.format(SOURCE_FORMAT).option("plan", source_plan.encode()).load()
         namespace = commit.checkpoint.location
         for weak in commit.fused:
@@ -312,6 +402,7 @@ class SparkRunner:
                     on_progress(progress)
                 if progress.done and self._drained(progress, wall_timer_drain_s):
                     return progress
+                self.retention.maybe_prune(self.pipeline, self.commits, self.sinks)
                 if deadline is not None and time.time() > deadline:
                     raise TimeoutError(f"pipeline not finished after {timeout} s: {progress}")
                 time.sleep(progress_interval)
@@ -429,6 +520,11 @@ class SparkRunner:
                     for key, value, ts, rid in zip(table["key"], table["value"], table["timestamp"], table["id"]):
                         records.append(Record(key, codec.decode(value), ts, rid))
         return records
+
+
+def _copy_pipeline(pipeline: Pipeline) -> Pipeline:
+    return Pipeline(pipeline.name, dict(pipeline.injectors), dict(pipeline.computations), dict(pipeline.sinks),
+                    dict(pipeline.codecs))
 
 
 def _last_published(log: PublicationLog) -> tuple[int, int]:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import base64
 import pickle
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Sequence
 
 import pyarrow as pa
@@ -81,6 +81,9 @@ class SourcePlan:
     max_records_per_batch: int = 100_000
     max_log_entries: int = 64
     max_points: int = 512
+    # Where senders start (a computation added to a running pipeline "from now"): log position or
+    # injector offset by sender name; absent senders start at the beginning.
+    start_positions: dict[str, Any] = field(default_factory=dict)
 
     def encode(self) -> str:
         from pyspark import cloudpickle
@@ -137,12 +140,13 @@ def initial_offset(plan: SourcePlan) -> dict[str, Any]:
     for sender in plan.senders:
         if sender.injector is not None:
             partition = sender.plan.partition
-            offset = sender.injector.initial_offset(partition)  # type: ignore[arg-type]
+            offset = plan.start_positions.get(sender.plan.name) or sender.injector.initial_offset(partition)  # type: ignore[arg-type]
             senders[sender.plan.name] = {"offset": offset,
                                          "watermark": sender.injector.low_watermark(partition, offset),  # type: ignore[arg-type]
                                          "active_ms": int(time.time() * 1000)}
         else:
-            senders[sender.plan.name] = {"position": -1, "watermark": BEGINNING_OF_TIME}
+            senders[sender.plan.name] = {"position": plan.start_positions.get(sender.plan.name, -1),
+                                         "watermark": BEGINNING_OF_TIME}
     coalescer = plan.computation.coalescer()
     for name, item in senders.items():
         coalescer.observe(name, item["watermark"])

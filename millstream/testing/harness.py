@@ -237,6 +237,11 @@ class PipelineHarness:
         run = self._run(computation)
         return sorted(k for e in run.executors for k in e.store.keys())  # type: ignore[attr-defined]
 
+    def state_bytes(self, computation: str) -> int:
+        """Bytes of the computation's encoded key state (values and timers; dedup ids apart)."""
+        run = self._run(computation)
+        return sum(len(b.blob) for e in run.executors for b in e.store.blobs.values())  # type: ignore[attr-defined]
+
     def dedup_ids(self, computation: str) -> list[tuple[str, str]]:
         """The (key, record id) pairs the computation still remembers to discard duplicates."""
         run = self._run(computation)

@@ -1,0 +1,106 @@
+"""Pipelines that change while running (MillWheel section 4): a computation added to a running
+pipeline (reading an existing stream from the start of its log) and one removed, while the others
+keep running and keep their state: their output is the output of a run that never changed."""
+
+import json
+import os
+
+from millstream import Computation, GeneratorInjector, MapState, Pipeline, Record, ValueState
+from millstream.spark.publog import PublicationLog
+from millstream.spark.runner import SparkRunner
+
+EVENTS = 4_000
+
+
+class Windower(Computation):
+    counts = MapState[int, int]("counts")
+
+    def process_record(self, ctx, record):
+        bucket = record.timestamp - record.timestamp % 1_000
+        ctx.state(self.counts).put(bucket, ctx.state(self.counts).get(bucket, 0) + 1)
+        ctx.set_timer(f"w{bucket}", bucket + 1_000)
+
+    def process_timer(self, ctx, timer):
+        bucket = timer.time - 1_000
+        ctx.produce(Record(ctx.key, [bucket, ctx.state(self.counts).get(bucket)], timer.time), "windows")
+        ctx.state(self.counts).remove(bucket)
+
+
+class Total(Computation):
+    """Running total per key of the windows' counts (state it must keep across the change)."""
+
+    total = ValueState[int]("total", default=0)
+
+    def __init__(self, output: str) -> None:
+        self.output = output
+
+    def process_record(self, ctx, record):
+        ctx.state(self.total).set(ctx.state(self.total).get() + record.value[1])
+        ctx.produce(Record(ctx.key, ctx.state(self.total).get(), record.timestamp), self.output)
+
+
+class GatedGenerator(GeneratorInjector):
+    """Offers the first half of its records until the gate file exists (None: no gate), so the
+    change surely lands mid-stream however slow the machine."""
+
+    def __init__(self, gate):
+        super().__init__(lambda i: Record(f"k{i % 4}", i, 5 * i), EVENTS, lambda n: 5 * n,
+                         max_records_per_read=200)
+        self.gate = gate
+
+    def latest_offset(self, partition, start, max_records):
+        end = super().latest_offset(partition, start, max_records)
+        if self.gate is not None and not os.path.exists(self.gate) and end["next"] > EVENTS // 2:
+            end = {**end, "next": max(start["next"], EVENTS // 2)}
+        return end
+
+
+def pipeline(with_extra=True, gate=None):
+    injector = GatedGenerator(gate)
+    p = (Pipeline("changing").add_injector("src", injector, "in")
+         .add_computation("windower", Windower(), ["in"], ["windows"])
+         .add_computation("totals", Total("running"), ["windows"], ["running"]))
+    if with_extra:
+        p.add_computation("extra", Total("extra_out"), ["windows"], ["extra_out"])
+    return p
+
+
+def published_rows(root, computation):
+    """Rows in a computation's publication log, read apart from the runner."""
+    log = PublicationLog(str(root), computation)
+    return sum(rows for _, entry in log.entries_after(-1, 1 << 20) if entry["type"] == "batch"
+               for files in entry["streams"].values() for _, rows in files)
+
+
+def rows(runner, stream):
+    return sorted((r.key, json.dumps(r.value), r.timestamp, r.id) for r in runner.read_stream(stream))
+
+
+def test_a_computation_added_and_one_removed_while_running_leave_the_others_unchanged(spark, tmp_path):
+    reference = SparkRunner(pipeline(), root=str(tmp_path / "reference"), spark=spark)
+    reference.run(timeout=900)
+
+    gate = tmp_path / "gate"
+    runner = SparkRunner(pipeline(gate=str(gate)), root=str(tmp_path / "changing"), spark=spark)
+    changed = []
+
+    def change(progress):
+        if not changed and progress.computations["totals"].records >= 8:
+            runner.add_computation("auditor", Total("audit"), ["windows"], ["audit"], start="earliest")
+            runner.remove_computation("extra")
+            changed.append(progress.computations["windower"].low_watermark)
+            gate.touch()
+
+    progress = runner.run(on_progress=change, progress_interval=0.5, timeout=900)
+    assert changed and changed[0] < 5 * EVENTS, "the change came after the input was over"
+    for stream in ("windows", "running"):
+        assert rows(runner, stream) == rows(reference, stream), stream
+    # The added computation read the windows log from its start: the same totals as "totals".
+    audit = sorted((r.key, r.value, r.timestamp) for r in runner.read_stream("audit"))
+    assert audit == sorted((r.key, r.value, r.timestamp) for r in reference.read_stream("running"))
+    # The removed one stopped part way; what it published before is kept.
+    assert 0 < published_rows(tmp_path / "changing", "extra") < published_rows(tmp_path / "reference", "extra")
+    assert "extra" not in progress.computations and progress.computations["auditor"].records == len(audit)
+    # The root now runs the changed pipeline as written.
+    again = pipeline(with_extra=False).add_computation("auditor", Total("audit"), ["windows"], ["audit"])
+    SparkRunner(again, root=str(tmp_path / "changing"), spark=spark).run(timeout=120)

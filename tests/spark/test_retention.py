@@ -1,0 +1,95 @@
+"""Retention of publication logs: what every reader is past goes, nothing a reader still needs does,
+and a run resumes on a pruned root."""
+
+import json
+import os
+
+from millstream import Computation, GeneratorInjector, MapState, Pipeline, Record
+from millstream.spark.publog import PublicationLog
+from millstream.spark.runner import SparkRunner
+
+EVENTS = 3_000
+KEYS = 3
+
+
+class Windower(Computation):
+    counts = MapState[int, int]("counts")
+
+    def process_record(self, ctx, record):
+        bucket = record.timestamp - record.timestamp % 1_000
+        ctx.state(self.counts).put(bucket, ctx.state(self.counts).get(bucket, 0) + 1)
+        ctx.set_timer(f"w{bucket}", bucket + 1_000)
+
+    def process_timer(self, ctx, timer):
+        bucket = timer.time - 1_000
+        ctx.produce(Record(ctx.key, [bucket, ctx.state(self.counts).get(bucket)], timer.time), "windows")
+        ctx.state(self.counts).remove(bucket)
+
+
+class Relay(Computation):
+    def process_record(self, ctx, record):
+        ctx.produce(record, "relayed")
+
+
+def pipeline(out):
+    injector = GeneratorInjector(lambda i: Record(f"k{i % KEYS}", i, 7 * i), EVENTS, lambda n: 7 * n,
+                                 max_records_per_read=150)
+    return (Pipeline("retained").add_injector("src", injector, "in")
+            .add_computation("windower", Windower(), ["in"], ["windows"])
+            .add_computation("relay", Relay(), ["windows"], ["relayed"])
+            .add_sink("out", "relayed", str(out)))
+
+
+def expected_windows():
+    """Plain counting, apart from the pipeline."""
+    counts = {}
+    for i in range(EVENTS):
+        key, bucket = f"k{i % KEYS}", (7 * i) - (7 * i) % 1_000
+        counts[(key, bucket)] = counts.get((key, bucket), 0) + 1
+    return sorted((key, bucket, n) for (key, bucket), n in counts.items())
+
+
+def sink_windows(out):
+    found = []
+    for name in sorted(os.listdir(out)):
+        with open(os.path.join(out, name)) as lines:
+            found.extend(json.loads(line) for line in lines if line.strip())
+    return sorted((r["key"], r["value"][0], r["value"][1]) for r in found)
+
+
+def batch_dirs(root, computation):
+    path = os.path.join(root, "streams", computation)
+    return len(os.listdir(path)) if os.path.isdir(path) else 0
+
+
+def test_logs_every_reader_is_past_are_pruned_and_the_output_is_whole(spark, tmp_path):
+    root = tmp_path / "root"
+    runner = SparkRunner(pipeline(tmp_path / "out"), root=str(root), spark=spark, retain_logs_s=0,
+                         max_records_per_batch=150)
+    runner.retention.every_s = 0
+    runner.run(progress_interval=0.2, timeout=300)
+    assert sink_windows(tmp_path / "out") == expected_windows()
+
+    windower, relay = PublicationLog(str(root), "windower"), PublicationLog(str(root), "relay")
+    first_retained, claims = windower.pruned()
+    assert first_retained > 5 and claims == [0], "the windower's log read by relay was pruned, its claim kept"
+    assert relay.pruned()[0] > 5, "relay's log, delivered to the sink, was pruned"
+    assert batch_dirs(root, "windower") < windower.head() / 2
+    assert len(os.listdir(root / "status" / "windower" / "history")) < windower.head() / 2
+
+    # A run resumes on the pruned root: the newest claim is found, a new epoch claimed, nothing redone.
+    before = sink_windows(tmp_path / "out")
+    again = SparkRunner(pipeline(tmp_path / "out"), root=str(root), spark=spark, retain_logs_s=0)
+    again.run(timeout=120)
+    assert again.epoch == 2 and windower.last_claim()["epoch"] == 2
+    assert sink_windows(tmp_path / "out") == before
+
+
+def test_without_retention_nothing_is_pruned(spark, tmp_path):
+    root = tmp_path / "root"
+    runner = SparkRunner(pipeline(tmp_path / "out"), root=str(root), spark=spark, retain_logs_s=None,
+                         max_records_per_batch=150)
+    runner.run(progress_interval=0.2, timeout=300)
+    assert sink_windows(tmp_path / "out") == expected_windows()
+    assert PublicationLog(str(root), "windower").pruned() == (0, [])
+    assert len(runner.read_stream("windows")) == len(expected_windows())
