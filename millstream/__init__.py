@@ -2,6 +2,7 @@
 
 from millstream.injectors.files import FileInjector
 from millstream.injectors.generator import GeneratorInjector
+from millstream.injectors.heuristic import HeuristicWatermark
 from millstream.injectors.kafka import KafkaInjector, KafkaInjectorError, KafkaMessage
 from millstream.injectors.scripted import ScriptedInjector
 from millstream.joins import IntervalJoin
@@ -18,7 +19,7 @@ from millstream.windows import (
 __all__ = [
     "BEGINNING_OF_TIME", "DEAD_LETTERS", "END_OF_TIME", "BytesCodec", "Codec", "CodecError", "Collect",
     "Computation", "ComputationInfo", "Context", "Count", "ErrorPolicy", "FileInjector", "Fold",
-    "GeneratorInjector", "Injector", "IntervalJoin", "JsonCodec", "KafkaInjector", "KafkaInjectorError", "KafkaMessage",
+    "GeneratorInjector", "HeuristicWatermark", "Injector", "IntervalJoin", "JsonCodec", "KafkaInjector", "KafkaInjectorError", "KafkaMessage",
     "ListState", "Malformed", "MapState", "Max", "Min", "Offset", "PickleCodec", "Pipeline", "PipelineError",
     "Production", "Record", "ScriptedInjector", "SlidingWindows", "StrCodec", "Sum", "TimeDomain", "Timer",
     "TumblingWindows", "ValueState", "Window", "WindowAggregate",
