@@ -267,7 +267,8 @@ class Flags(Computation):
     """Passes every record on with whether it arrived late."""
 
     def process_record(self, ctx, record):
-        ctx.produce(Record(ctx.key, {"id": record.id, "late": ctx.is_late}, record.timestamp), "flags")
+        ctx.produce(Record(ctx.key, {"id": record.id, "index": record.value, "late": ctx.is_late}, record.timestamp),
+                   "flags")
 
 
 def test_late_records_reach_user_code_flagged_and_counted():
