@@ -24,13 +24,13 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from millstream import HeuristicWatermark
 from millstream.apps.zeitgeist.generator import ZeitgeistConfig, ZeitgeistInjector, cached_log
-from millstream.model.injector import Injector
+from millstream.model.injector import Injector, Malformed
 from millstream.model.records import BEGINNING_OF_TIME, END_OF_TIME
 
 
@@ -47,6 +47,8 @@ def measure(injector: Injector, late_flags: np.ndarray, per_read: int) -> dict[s
         if end == offset:
             break
         for record in injector.read("0", offset, end):
+            if isinstance(record, Malformed):
+                continue  # the generated log has none
             index = int(record.id.rsplit("-", 1)[1])  # zq-<n>: the n-th event of the log
             total += 1
             if record.timestamp < watermark:
@@ -91,7 +93,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"Zeitgeist log: {len(log):,} searches, {config.minutes:g} min of event time, seed {config.seed}; "
           f"{int(log.delayed.sum()):,} delayed on the wire, {int(flags.sum())} deliberately late; "
           f"{args.per_read} records per read")
-    rows = [("watermark lag p50", lambda r: f"{r['lag_p50_ms'] / 1000:,.2f} s"),
+    rows: list[tuple[str, Callable[[dict[str, Any]], str]]] = [("watermark lag p50", lambda r: f"{r['lag_p50_ms'] / 1000:,.2f} s"),
             ("watermark lag p95", lambda r: f"{r['lag_p95_ms'] / 1000:,.2f} s"),
             ("watermark lag max", lambda r: f"{r['lag_max_ms'] / 1000:,.2f} s"),
             ("late records", lambda r: f"{r['late']:,}"),

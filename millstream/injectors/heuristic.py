@@ -103,7 +103,7 @@ class LatenessSummary:
         # at the end brings everything to the new newest time. Rebased when the exponent gets large.
         newest = self.newest
         reference = newest
-        on_time, weights = 0.0, {}
+        on_time, weights = 0.0, dict[int, float]()
         weight, weight_at = 1.0, newest
         for timestamp in timestamps:
             if newest is None or timestamp >= newest:
@@ -114,7 +114,7 @@ class LatenessSummary:
             else:
                 bucket = min(MAX_BUCKET, int(math.log2(newest - timestamp) * BUCKETS_PER_OCTAVE))
             if newest != weight_at:
-                exponent = (newest - reference) / half_life_ms
+                exponent = (newest - (newest if reference is None else reference)) / half_life_ms
                 if exponent > MAX_EXPONENT:
                     scale = 2.0 ** -exponent
                     on_time *= scale
@@ -161,7 +161,7 @@ class LatenessSummary:
             else:
                 depth = allowed / weight
             top = (bucket + 1) / BUCKETS_PER_OCTAVE
-            return math.ceil(2.0 ** (top - depth / BUCKETS_PER_OCTAVE))
+            return math.ceil(math.pow(2.0, top - depth / BUCKETS_PER_OCTAVE))
         return 0  # the allowed tail reaches into the records that were not behind at all
 
     def advance(self, quantile: float, warmup: float) -> None:
@@ -241,7 +241,8 @@ class HeuristicWatermark(Injector):
         return self.injector.read(partition, start["inner"], end["inner"])
 
     def low_watermark(self, partition: str, offset: Offset) -> int:
-        return max(self.injector.low_watermark(partition, offset["inner"]), offset["lateness"]["watermark"])
+        heuristic: int = offset["lateness"]["watermark"]
+        return max(self.injector.low_watermark(partition, offset["inner"]), heuristic)
 
     def is_finished(self, partition: str, offset: Offset) -> bool:
         return self.injector.is_finished(partition, offset["inner"])
