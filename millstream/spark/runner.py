@@ -61,6 +61,7 @@ class ComputationProgress:
     timers_fired: int = 0
     productions: int = 0
     dead_letters: int = 0
+    pending_timers: int = 0
     batches: int = 0
     wall_ms: int = 0
     next_wall_timer: int | None = None
@@ -479,6 +480,7 @@ class SparkRunner:
                 timers_fired=metrics.get("timers_fired", 0),
                 productions=metrics.get("productions", 0),
                 dead_letters=metrics.get("dead_letters", 0),
+                pending_timers=metrics.get("pending_timers", 0),
                 batches=status.get("batch", -1) + 1,
                 wall_ms=status.get("wall_ms", 0),
                 next_wall_timer=status.get("next_wall_timer"),
