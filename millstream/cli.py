@@ -142,14 +142,24 @@ def show_status(args: argparse.Namespace) -> int:
         return 0
     from rich.live import Live
 
+    def refreshed() -> Any:
+        view = read_root(root, with_history=bool(args.html))
+        if args.html:
+            _write_html(args.html, render_html(view))
+        return status_table(view)
+
     try:
+        if not console.is_terminal:  # a pipe or a file: one table after another
+            table = status_table(view)
+            while True:
+                console.print(table)
+                sys.stdout.flush()
+                time.sleep(args.interval)
+                table = refreshed()
         with Live(status_table(view), console=console, auto_refresh=False) as live:
             while True:
                 time.sleep(args.interval)
-                view = read_root(root, with_history=bool(args.html))
-                if args.html:
-                    _write_html(args.html, render_html(view))
-                live.update(status_table(view), refresh=True)
+                live.update(refreshed(), refresh=True)
     except KeyboardInterrupt:
         return 0  # the way out of --watch
 

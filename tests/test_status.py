@@ -150,3 +150,39 @@ def test_status_refuses_what_is_not_a_root(tmp_path):
     assert_refused(run("millstream", "status", str(tmp_path)), "holds no millstream pipeline")
     with pytest.raises(UsageError):
         read_root(str(tmp_path))
+
+
+def test_watch_follows_the_root_until_ctrl_c(tmp_path):
+    """Into a file (not a terminal) --watch prints one table after another; Ctrl-C ends it with 0."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from clitools import ROOT_DIR
+
+    root = fake_root(tmp_path)
+    output = tmp_path / "watch.txt"
+
+    def wait_for(text):
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            if text in output.read_text():
+                return True
+            time.sleep(0.2)
+        return False
+
+    env = {**os.environ, "PYTHONPATH": ROOT_DIR, "COLUMNS": "120"}
+    with open(output, "w") as out:
+        watch = subprocess.Popen([sys.executable, "-m", "millstream", "status", str(root), "--watch",
+                                  "--interval", "0.2"], stdout=out, stderr=subprocess.PIPE, text=True, env=env)
+        try:
+            assert wait_for("│     300 │")
+            write(root / "status" / "up" / "latest.json", {"batch": 3, "low_watermark": 3_000,
+                                                          "metrics": {"records": 123_456}, "wall_ms": 4_000})
+            assert wait_for("123,456")
+        finally:
+            watch.send_signal(signal.SIGINT)
+            _, err = watch.communicate(timeout=60)
+    assert watch.returncode == 0, err
