@@ -250,7 +250,7 @@ def render_html(view: RootView) -> str:
     times = [x for _, points in lags + rates for x, _ in points]
     start = min(times) if times else 0.0
     rows = "\n".join(
-        "<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in (
+        "<tr>" + "".join(f"<td>{html.escape(f'{v:,}' if isinstance(v, int) else str(v))}</td>" for v in (
             c.name, c.batches, format_watermark(c.low_watermark),
             "done" if c.low_watermark >= END_OF_TIME else format_duration(c.lag_ms(view.read_at_ms)),
             c.backlog, c.records, c.late, c.duplicates, c.dead_letters,
