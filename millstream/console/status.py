@@ -209,11 +209,12 @@ def throughput_series(c: ComputationView) -> list[tuple[float, float]]:
             for a, b in zip(points, points[1:]) if b.wall_ms > a.wall_ms]
 
 
-def _chart(title: str, unit: str, series: Sequence[tuple[str, list[tuple[float, float]]]], start: float) -> str:
+def _chart(title: str, unit: str, series: Sequence[tuple[str, list[tuple[float, float]]]], start: float,
+           end: float) -> str:
     width, height, left, bottom, top, right = 760, 260, 70, 30, 20, 150
     xs = [x - start for _, points in series for x, _ in points] or [0.0, 1.0]
     ys = [y for _, points in series for _, y in points] or [0.0, 1.0]
-    x0, x1 = 0.0, max(max(xs), 1e-9)
+    x0, x1 = 0.0, max(max(xs), end - start, 1e-9)
     y0, y1 = min(0.0, min(ys)), max(max(ys), 1e-9)
 
     def sx(x: float) -> float:
@@ -249,6 +250,7 @@ def render_html(view: RootView) -> str:
     rates = [(c.name, throughput_series(c)) for c in view.computations]
     times = [x for _, points in lags + rates for x, _ in points]
     start = min(times) if times else 0.0
+    end = max(times) if times else 0.0  # both charts on one time axis
     rows = "\n".join(
         "<tr>" + "".join(f"<td>{html.escape(f'{v:,}' if isinstance(v, int) else str(v))}</td>" for v in (
             c.name, c.batches, format_watermark(c.low_watermark),
@@ -272,11 +274,11 @@ td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}} td:first-child{{
 </table>
 <h2 id="lag">Watermark lag behind wall time</h2>
 <figure class="chart" data-chart="lag">
-{_chart("watermark lag", "lag (s)", lags, start)}
+{_chart("watermark lag", "lag (s)", lags, start, end)}
 </figure>
 <h2 id="throughput">Throughput</h2>
 <figure class="chart" data-chart="throughput">
-{_chart("throughput", "records/s", rates, start)}
+{_chart("throughput", "records/s", rates, start, end)}
 </figure>
 </body></html>
 """
