@@ -99,7 +99,8 @@ def read_root(root: str, with_history: bool = True) -> RootView:
             input_watermark=status.get("input_watermark", BEGINNING_OF_TIME), wall_ms=status.get("wall_ms", 0),
             records=metrics.get("records", 0), late=metrics.get("late", 0),
             duplicates=metrics.get("duplicates", 0), dead_letters=metrics.get("dead_letters", 0),
-            pending_timers=metrics.get("pending_timers"), idle_inputs=list(status.get("idle_inputs", [])))
+            # No status yet: nothing ran, nothing pending. A status without the counter: not recorded.
+            pending_timers=metrics.get("pending_timers") if status else 0, idle_inputs=list(status.get("idle_inputs", [])))
         for sender, position in status.get("positions", {}).items():
             producer = _producer(sender)
             if producer in heads:
