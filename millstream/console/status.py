@@ -211,12 +211,16 @@ def throughput_series(c: ComputationView) -> list[tuple[float, float]]:
 
 
 def _chart(title: str, unit: str, series: Sequence[tuple[str, list[tuple[float, float]]]], start: float,
-           end: float) -> str:
+           end: float, from_zero: bool = True) -> str:
+    """One SVG line chart; `from_zero=False` fits the y axis to the values (a lag of years behind the
+    wall clock, for replayed data, still shows how it moves)."""
     width, height, left, bottom, top, right = 760, 260, 70, 30, 20, 150
     xs = [x - start for _, points in series for x, _ in points] or [0.0, 1.0]
     ys = [y for _, points in series for _, y in points] or [0.0, 1.0]
     x0, x1 = 0.0, max(max(xs), end - start, 1e-9)
-    y0, y1 = min(0.0, min(ys)), max(max(ys), 1e-9)
+    y0, y1 = (min(0.0, min(ys)) if from_zero else min(ys)), max(max(ys), 1e-9)
+    if y1 <= y0:
+        y0, y1 = y0 - 1, y1 + 1
 
     def sx(x: float) -> float:
         return left + (x - start - x0) / (x1 - x0) * (width - left - right)
@@ -228,8 +232,8 @@ def _chart(title: str, unit: str, series: Sequence[tuple[str, list[tuple[float, 
              f'aria-label="{html.escape(title)}">',
              f'<line x1="{left}" y1="{height - bottom}" x2="{width - right}" y2="{height - bottom}" stroke="#888"/>',
              f'<line x1="{left}" y1="{top}" x2="{left}" y2="{height - bottom}" stroke="#888"/>',
-             f'<text x="{left - 6}" y="{top + 4}" text-anchor="end" font-size="11">{y1:,.3g}</text>',
-             f'<text x="{left - 6}" y="{height - bottom}" text-anchor="end" font-size="11">{y0:,.3g}</text>',
+             f'<text x="{left - 6}" y="{top + 4}" text-anchor="end" font-size="11">{_label(y1)}</text>',
+             f'<text x="{left - 6}" y="{height - bottom}" text-anchor="end" font-size="11">{_label(y0)}</text>',
              f'<text x="{width - right}" y="{height - 8}" text-anchor="end" font-size="11">{x1:,.0f} s</text>',
              f'<text x="{left}" y="{height - 8}" font-size="11">0 s</text>',
              f'<text x="{left + 4}" y="{top - 6}" font-size="11">{html.escape(unit)}</text>']
@@ -242,6 +246,10 @@ def _chart(title: str, unit: str, series: Sequence[tuple[str, list[tuple[float, 
                      f'fill="{color}">{html.escape(name)}</text>')
     parts.append("</svg>")
     return "\n".join(parts)
+
+
+def _label(value: float) -> str:
+    return f"{value:,.0f}" if abs(value) >= 1_000 else f"{value:.3g}"
 
 
 def render_html(view: RootView) -> str:
@@ -275,7 +283,7 @@ td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}} td:first-child{{
 </table>
 <h2 id="lag">Watermark lag behind wall time</h2>
 <figure class="chart" data-chart="lag">
-{_chart("watermark lag", "lag (s)", lags, start, end)}
+{_chart("watermark lag", "lag (s)", lags, start, end, from_zero=False)}
 </figure>
 <h2 id="throughput">Throughput</h2>
 <figure class="chart" data-chart="throughput">
