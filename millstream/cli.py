@@ -3,6 +3,7 @@
     millstream new NAME                       write a runnable starter project into ./NAME
     millstream run module:pipeline [--root DIR] [--master URL] [--fresh] [--runner spark|harness]
     millstream rescale ROOT --parallelism N [--computation NAME ...]   (the pipeline stopped)
+    millstream status ROOT [--watch] [--html PATH]   per computation: watermark, lag, backlog, counters
 
 Options are checked before anything is created, deleted or started; a bad value, an unreachable
 master or an unusable directory ends the command in one line with exit code 2 (see
@@ -16,6 +17,7 @@ import importlib
 import os
 import re
 import sys
+import time
 from importlib import resources
 from typing import Any, Sequence
 
@@ -74,6 +76,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     rescale.add_argument("--computation", action="append", default=None,
                          help="only this computation (repeatable; default: all)")
     rescale.add_argument("--master", default="local[*]", help="Spark master (default %(default)s)")
+
+    status = commands.add_parser("status", help="per computation of a root: low watermark, lag, backlog, "
+                                                "records, late, duplicates, dead letters, timers, idle inputs")
+    status.add_argument("root", help="the pipeline's root (running or stopped)")
+    status.add_argument("--watch", action="store_true", help="keep the table up to date until Ctrl-C")
+    status.add_argument("--interval", type=positive_float, default=2.0,
+                        help="seconds between refreshes with --watch (default %(default)s)")
+    status.add_argument("--html", metavar="PATH", default=None,
+                        help="also write a self-contained page with watermark lag and throughput over time")
     return parser.parse_args(argv)
 
 
@@ -88,6 +99,8 @@ def _main(argv: Sequence[str] | None) -> int:
         return new_project(args.name, args.directory)
     if args.command == "rescale":
         return rescale_root(args)
+    if args.command == "status":
+        return show_status(args)
     return run_pipeline(args)
 
 
@@ -109,6 +122,55 @@ def rescale_root(args: argparse.Namespace) -> int:
     for name, (before, after) in done.items():
         print(f"{name}: {before} -> {after} state partitions")
     return 0
+
+
+# -- millstream status --------------------------------------------------------------------------------
+def show_status(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from millstream.console.status import read_root, render_html, status_table
+
+    root = args.root
+    view = read_root(root, with_history=bool(args.html))  # refuses a missing or empty root in one line
+    if args.html:
+        _write_html(args.html, render_html(view))
+    console = Console()
+    if not args.watch:
+        console.print(status_table(view))
+        if args.html:
+            print(f"wrote {args.html}")
+        return 0
+    from rich.live import Live
+
+    def refreshed() -> Any:
+        view = read_root(root, with_history=bool(args.html))
+        if args.html:
+            _write_html(args.html, render_html(view))
+        return status_table(view)
+
+    try:
+        if not console.is_terminal:  # a pipe or a file: one table after another
+            table = status_table(view)
+            while True:
+                console.print(table)
+                sys.stdout.flush()
+                time.sleep(args.interval)
+                table = refreshed()
+        with Live(status_table(view), console=console, auto_refresh=False) as live:
+            while True:
+                time.sleep(args.interval)
+                live.update(refreshed(), refresh=True)
+    except KeyboardInterrupt:
+        return 0  # the way out of --watch
+
+
+def _write_html(path: str, page: str) -> None:
+    try:
+        with open(path + ".tmp", "w", encoding="utf-8") as out:
+            out.write(page)
+        os.replace(path + ".tmp", path)
+    except OSError as error:
+        raise UsageError(f"--html {path}: {error.strerror or error}") from None
 
 
 # -- millstream new ---------------------------------------------------------------------------------

@@ -77,6 +77,9 @@ class StepMetrics:
     productions: int = 0
     dead_letters: int = 0
     state_bytes: int = 0  # bytes of the state the step changed: changed keys' blobs and new dedup ids
+    # Net change in the user timers pending (set minus fired or deleted): summed over steps, like every
+    # counter here, it is the number of timers pending.
+    pending_timers: int = 0
 
     def add(self, other: "StepMetrics") -> None:
         for item in fields(self):
@@ -289,6 +292,7 @@ class _KeyStep:
         self.seen: dict[str, int] = {}  # ids of injected records this step, with their marks
         self.ctx = _Invocation(self.plan, self.state, key, wall_time, self.out)
         self.firings = 0
+        self.timers_before = len(self.state.timers)
 
     def run(self, items: Sequence[tuple[int, Delivery]]) -> None:
         plan, state, segments = self.plan, self.state, self.segments
@@ -453,6 +457,7 @@ class KeyGroupExecutor:
         for key in keys:
             step = self._key_step(key, by_key.get(key, ()), blobs.get(key), segments, wall_time, out, metrics)
             changes[key] = step.stored()
+            step.metrics.pending_timers = len(step.state.timers) - step.timers_before
             seen.extend((key, rid, mark) for rid, mark in step.seen.items())
             out.extend(step.out)
             metrics.add(step.metrics)

@@ -92,6 +92,8 @@ def next_status(previous: dict[str, Any], reports: list[dict[str, Any]], batch: 
         "low_watermark": output[-1] if output else previous["low_watermark"],
         "input_watermark": end["watermark"],
         "senders": {name: item["watermark"] for name, item in end["senders"].items()},
+        # The last position read of each upstream publication log (its backlog: the entries after it).
+        "positions": {name: item["position"] for name, item in end["senders"].items() if "position" in item},
         "idle_inputs": end.get("idle", []),
         "metrics": metrics,
         "next_wall_timer": min(walls) if walls else None,
@@ -275,7 +277,8 @@ class Publisher:
         faults.reached("published", name)
         for member, status in ((name, manifest["status"]), *manifest.get("fused", {}).items()):
             history = {k: status.get(k) for k in ("batch", "low_watermark", "input_watermark", "wall_ms",
-                                                  "state_bytes_written", "state_bytes_changed", "senders")}
+                                                  "state_bytes_written", "state_bytes_changed", "senders",
+                                                  "metrics")}
             self.storage.write_json(f"status/{member}/history/{batch:012d}.json", history)
             self.storage.write_json(f"status/{member}/latest.json", {**status, "position": position})
         self.sinks.published(name, position, manifest)

@@ -43,10 +43,11 @@ except ImportError:  # pragma: no cover
     StatefulProcessor = object  # type: ignore
     StatefulProcessorHandle = Any  # type: ignore
 
-METRICS = ("records", "duplicates", "late", "timers_fired", "productions", "dead_letters", "state_bytes")
+METRICS = ("records", "duplicates", "late", "timers_fired", "productions", "dead_letters", "state_bytes",
+           "pending_timers")
 OUTPUT_SCHEMA = ("key_group int, productions binary, computation string, records long, duplicates long, "
                  "late long, timers_fired long, productions_count long, dead_letters long, state_bytes long, "
-                 "wake_wall long, bytes_written long, upstream_reports binary")
+                 "pending_timers long, wake_wall long, bytes_written long, upstream_reports binary")
 # A fused (weak) computation's output: its consumer's input rows, plus its own counters.
 FUSED_SCHEMA = "key_group int, bundle binary, rejected binary, plan binary, reports binary"
 
@@ -65,7 +66,8 @@ def group_report(plan: ComputationPlan, group: int, result: StepResult, bytes_wr
     m = result.metrics
     return {"computation": plan.name, "key_group": group, "records": m.records, "duplicates": m.duplicates,
             "late": m.late, "timers_fired": m.timers_fired, "productions": m.productions,
-            "dead_letters": m.dead_letters, "state_bytes": m.state_bytes, "wake_wall": result.wake_wall,
+            "dead_letters": m.dead_letters, "state_bytes": m.state_bytes, "pending_timers": m.pending_timers,
+            "wake_wall": result.wake_wall,
             "bytes_written": bytes_written}
 
 
@@ -82,6 +84,7 @@ def output_rows(plan: ComputationPlan, group: int, result: StepResult, bytes_wri
                   late=metrics.late if first else 0, timers_fired=metrics.timers_fired if first else 0,
                   productions_count=metrics.productions if first else 0,
                   dead_letters=metrics.dead_letters if first else 0, state_bytes=metrics.state_bytes if first else 0,
+                  pending_timers=metrics.pending_timers if first else 0,
                   wake_wall=result.wake_wall if first else None, bytes_written=bytes_written if first else 0,
                   upstream_reports=upstream_reports if first else None)
         first = False

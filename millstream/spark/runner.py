@@ -61,6 +61,7 @@ class ComputationProgress:
     timers_fired: int = 0
     productions: int = 0
     dead_letters: int = 0
+    pending_timers: int = 0
     batches: int = 0
     wall_ms: int = 0
     next_wall_timer: int | None = None
@@ -175,6 +176,8 @@ class SparkRunner:
         self.publisher: Publisher | None = None
         self.sinks: SinkDelivery | None = None
         self.retention = LogRetention(self.root, retain_logs_s)
+        self._progress_callbacks: list[Callable[[str, Any], None]] = []
+        self._listener: Any = None
 
     def _layout(self, key_groups: int) -> int:
         """State is partitioned by key group, and a fused (weak) pair shares one checkpoint: a resumed
@@ -232,10 +235,67 @@ class SparkRunner:
         self.sinks.catch_up()
         self.sinks.start()
         self.publisher.start()
+        self._ensure_listener()
         parallelism = self._parallelism or int(spark.sparkContext.defaultParallelism)
         spark.conf.set("spark.sql.shuffle.partitions", str(max(1, min(parallelism, self.key_groups))))
         for name in self.commits:
             self._queries[name] = self._start_query(name)
+
+    def on_query_progress(self, callback: Callable[[str, Any], None]) -> Callable[[], None]:
+        """Call `callback(computation, progress)` after every Spark batch of this pipeline's queries,
+        with Spark's own StreamingQueryProgress (batchId, numInputRows, inputRowsPerSecond,
+        durationMs, eventTime, stateOperators, ...). It runs on a thread of the driver process (Spark's
+        listener bus): keep it short. An exception in it is logged to errors.log and does not stop the
+        run. Returns a function that unsubscribes. Subscribe before or while the pipeline runs."""
+        self._progress_callbacks.append(callback)
+        self._ensure_listener()
+
+        def unsubscribe() -> None:
+            if callback in self._progress_callbacks:
+                self._progress_callbacks.remove(callback)
+        return unsubscribe
+
+    def _ensure_listener(self) -> None:
+        if self._listener is not None or not self._progress_callbacks:
+            return
+        from pyspark.sql.streaming import StreamingQueryListener
+
+        runner = self
+        prefix = f"{self.pipeline.name}."
+
+        class ProgressFeed(StreamingQueryListener):  # type: ignore[misc]
+            def onQueryStarted(self, event: Any) -> None:
+                pass
+
+            def onQueryProgress(self, event: Any) -> None:
+                progress = event.progress
+                name = progress.name or ""
+                if not name.startswith(prefix) or name[len(prefix):] not in runner.plans:
+                    return  # another pipeline's query in the same session
+                for callback in list(runner._progress_callbacks):
+                    try:
+                        callback(name[len(prefix):], progress)
+                    except Exception as error:
+                        os.makedirs(runner.log_dir, exist_ok=True)
+                        with open(os.path.join(runner.log_dir, "errors.log"), "a") as log:
+                            log.write(f"--- on_query_progress callback failed at {time.ctime()}: {error!r}\n")
+
+            def onQueryIdle(self, event: Any) -> None:
+                pass
+
+            def onQueryTerminated(self, event: Any) -> None:
+                pass
+
+        self._listener = ProgressFeed()
+        self.spark.streams.addListener(self._listener)
+
+    def _remove_listener(self) -> None:
+        if self._listener is not None and self._spark is not None:
+            try:
+                self._spark.streams.removeListener(self._listener)
+            except Exception:  # the session may be gone already
+                pass
+        self._listener = None
 
     def _claim(self) -> None:
         """Take charge of the root: refuse if another live driver holds it (unless taking over), then
@@ -453,6 +513,7 @@ class SparkRunner:
             except Exception:  # stopping a failed query can raise again; it is stopped either way
                 pass
         self._queries.clear()
+        self._remove_listener()
         if self.publisher is not None:
             try:
                 self.publisher.catch_up()  # what the last batches committed before the stop
@@ -479,6 +540,7 @@ class SparkRunner:
                 timers_fired=metrics.get("timers_fired", 0),
                 productions=metrics.get("productions", 0),
                 dead_letters=metrics.get("dead_letters", 0),
+                pending_timers=metrics.get("pending_timers", 0),
                 batches=status.get("batch", -1) + 1,
                 wall_ms=status.get("wall_ms", 0),
                 next_wall_timer=status.get("next_wall_timer"),

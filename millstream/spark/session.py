@@ -17,7 +17,10 @@ DEFAULT_CONF: dict[str, str] = {
     "spark.sql.streaming.stateStore.providerClass": STATE_STORE_PROVIDER,
     "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
     "spark.sql.shuffle.partitions": "2",
-    "spark.ui.enabled": "false",
+    # Spark's web UI (jobs, and a Structured Streaming tab with one entry per computation's named
+    # query) is on; in local mode it listens on 127.0.0.1 only (create_session). Port 4040, or the
+    # next free one: `spark.sparkContext.uiWebUrl`.
+    "spark.ui.enabled": "true",
     "spark.ui.showConsoleProgress": "false",
     "spark.sql.streaming.metricsEnabled": "false",
     "spark.driver.memory": "2g",
@@ -73,6 +76,9 @@ def create_session(master: str = "local[*]", app_name: str = "millstream",
     if master.startswith("local"):
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+        # Spark's web UI binds to SPARK_LOCAL_IP, or else to every interface: keep a local run's UI
+        # (which shows the pipeline's data and configuration) on this machine.
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     builder = SparkSession.builder.master(master).appName(app_name)
     for key, value in {**DEFAULT_CONF, **dict(conf or {})}.items():
         builder = builder.config(key, value)

@@ -29,7 +29,7 @@ WRITER_SCHEMA = (
     "files array<struct<stream:string,path:string,rows:long>>, "
     "sink_files array<struct<sink:string,path:string,rows:long>>, "
     "reports array<struct<computation:string,key_group:int,records:long,duplicates:long,late:long,"
-    "timers_fired:long,productions:long,dead_letters:long,state_bytes:long,wake_wall:long,bytes_written:long>>"
+    "timers_fired:long,productions:long,dead_letters:long,state_bytes:long,pending_timers:long,wake_wall:long,bytes_written:long>>"
 )
 _ARROW_SCHEMA = pa.schema([
     ("files", pa.list_(pa.struct([("stream", pa.string()), ("path", pa.string()), ("rows", pa.int64())]))),
@@ -104,7 +104,7 @@ def _report(row: Mapping[str, Any]) -> dict[str, Any]:
     return {"computation": row["computation"], "key_group": row["key_group"], "records": row["records"],
             "duplicates": row["duplicates"], "late": row["late"], "timers_fired": row["timers_fired"],
             "productions": row["productions_count"], "dead_letters": row["dead_letters"],
-            "state_bytes": row["state_bytes"],
+            "state_bytes": row["state_bytes"], "pending_timers": row["pending_timers"],
             "wake_wall": row["wake_wall"], "bytes_written": row["bytes_written"]}
 
 
