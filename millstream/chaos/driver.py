@@ -24,10 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     spec = ChaosSpec(events=args.events, accounts=args.accounts, seed=args.seed, records_per_second=args.rate)
     pipeline = build_pipeline(spec, os.path.join(args.root, "sinks"), not args.lottery_exactly_once_off)
     runner = SparkRunner(pipeline, root=os.path.join(args.root, "run"),
-                         master=args.master, max_records_per_batch=2_000, retain_logs_s=0)
-    # Retention as eager as it gets: whatever every reader is past goes at once, so a replay after a
-    # kill proves it never needs a deleted entry.
-    runner.retention.every_s = 0
+                         master=args.master, max_records_per_batch=2_000)
     runner.run(timeout=3_600, wall_timer_drain_s=10)
     return 0
 

@@ -87,6 +87,7 @@ def test_a_computation_added_and_one_removed_while_running_leave_the_others_unch
     def change(progress):
         if not changed and progress.computations["totals"].records >= 8:
             runner.add_computation("auditor", Total("audit"), ["windows"], ["audit"], start="earliest")
+            runner.add_computation("newcomer", Total("fresh"), ["windows"], ["fresh"], start="latest")
             runner.remove_computation("extra")
             changed.append(progress.computations["windower"].low_watermark)
             gate.touch()
@@ -98,9 +99,13 @@ def test_a_computation_added_and_one_removed_while_running_leave_the_others_unch
     # The added computation read the windows log from its start: the same totals as "totals".
     audit = sorted((r.key, r.value, r.timestamp) for r in runner.read_stream("audit"))
     assert audit == sorted((r.key, r.value, r.timestamp) for r in reference.read_stream("running"))
+    # The one that started from now saw only what was published after it started.
+    fresh = runner.read_stream("fresh")
+    assert 0 < len(fresh) < len(audit) and min(r.timestamp for r in fresh) > min(t for _, _, t in audit)
     # The removed one stopped part way; what it published before is kept.
     assert 0 < published_rows(tmp_path / "changing", "extra") < published_rows(tmp_path / "reference", "extra")
     assert "extra" not in progress.computations and progress.computations["auditor"].records == len(audit)
     # The root now runs the changed pipeline as written.
-    again = pipeline(with_extra=False).add_computation("auditor", Total("audit"), ["windows"], ["audit"])
+    again = (pipeline(with_extra=False).add_computation("auditor", Total("audit"), ["windows"], ["audit"])
+             .add_computation("newcomer", Total("fresh"), ["windows"], ["fresh"]))
     SparkRunner(again, root=str(tmp_path / "changing"), spark=spark).run(timeout=120)

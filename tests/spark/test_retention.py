@@ -3,6 +3,8 @@ and a run resumes on a pruned root."""
 
 import json
 import os
+import subprocess
+import sys
 
 from millstream import Computation, GeneratorInjector, MapState, Pipeline, Record
 from millstream.spark.publog import PublicationLog
@@ -85,6 +87,34 @@ def test_logs_every_reader_is_past_are_pruned_and_the_output_is_whole(spark, tmp
     assert sink_windows(tmp_path / "out") == before
 
 
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT_DIR = os.path.dirname(os.path.dirname(HERE))
+
+
+def drive(root, out, kill_at=None):
+    """This module as a driver process (below), killed with its JVM at `kill_at` if given."""
+    env = {**os.environ, "PYTHONPATH": ROOT_DIR}
+    env.pop("MILLSTREAM_KILL_AT", None)
+    if kill_at:
+        env["MILLSTREAM_KILL_AT"] = kill_at
+    return subprocess.run([sys.executable, os.path.abspath(__file__), str(root), str(out)], cwd=ROOT_DIR, env=env,
+                          start_new_session=True, capture_output=True, text=True, timeout=600)
+
+
+def test_a_replay_after_a_kill_never_needs_what_retention_deleted(tmp_path):
+    """Pruning as eagerly as possible while the driver dies where a replay must re-read input: after
+    relay's batch is staged and before Spark commits it (the replay reads the same windower entries),
+    and after the commit, before the publication."""
+    root, out = tmp_path / "root", tmp_path / "out"
+    for kill_at in ("staged@relay:6", "committed@relay:4"):
+        killed = drive(root, out, kill_at)
+        assert killed.returncode == -9, killed.stderr[-2000:]
+    finished = drive(root, out)
+    assert finished.returncode == 0, finished.stderr[-2000:]
+    assert sink_windows(out) == expected_windows()
+    assert PublicationLog(str(root), "windower").pruned()[0] > 5
+
+
 def test_without_retention_nothing_is_pruned(spark, tmp_path):
     root = tmp_path / "root"
     runner = SparkRunner(pipeline(tmp_path / "out"), root=str(root), spark=spark, retain_logs_s=None,
@@ -93,3 +123,10 @@ def test_without_retention_nothing_is_pruned(spark, tmp_path):
     assert sink_windows(tmp_path / "out") == expected_windows()
     assert PublicationLog(str(root), "windower").pruned() == (0, [])
     assert len(runner.read_stream("windows")) == len(expected_windows())
+
+
+if __name__ == "__main__":  # the driver process of the kill test
+    driver = SparkRunner(pipeline(sys.argv[2]), root=sys.argv[1], master="local[2]", retain_logs_s=0,
+                         max_records_per_batch=150)
+    driver.retention.every_s = 0
+    driver.run(progress_interval=0.2, timeout=500)
