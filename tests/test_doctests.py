@@ -17,6 +17,7 @@ MODULES = [
     "millstream.apps.dips",
     "millstream.apps.zeitgeist.report",
     "millstream.cli",
+    "millstream.spark.storage",
 ]
 
 
