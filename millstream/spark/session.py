@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Callable, Mapping, TypeVar
+from typing import Any, Callable, Mapping, TypeVar
 
 import millstream
 
@@ -35,7 +35,7 @@ class SessionError(RuntimeError):
     """A user-supplied SparkSession lacks a setting millstream needs and it cannot be applied."""
 
 
-def check_session(spark) -> None:  # type: ignore[no-untyped-def]
+def check_session(spark: Any) -> None:
     """Make a user's own session fit: apply what can still be set at run time, refuse clearly
     what cannot (transformWithState needs the RocksDB state store)."""
     for key, value in REQUIRED_CONF.items():

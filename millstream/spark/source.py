@@ -251,7 +251,8 @@ class InputsReader(DataSourceStreamReader):
         pass
 
     # -- executor side -------------------------------------------------------------------------
-    def read(self, partition: _Partition) -> Iterator[pa.RecordBatch]:
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, _Partition), partition
         plan = self.plan.computation
         if partition.kind == "heartbeat":
             yield _batch([(group, None, None) for group in range(plan.key_groups)], partition.plan)
@@ -289,17 +290,17 @@ class InputsReader(DataSourceStreamReader):
 
     def _keyed(self, input_plan: InputPlan, sender: Sender, rkey: str, value: bytes, ts: int, rid: str,
                segment: int, order: int) -> DeliveryItem | Produced:
-        if input_plan.keyed_by_record_key:
-            key: str | Produced = rkey
-        else:
+        key = rkey
+        if not input_plan.keyed_by_record_key:
             record = Record.encoded(rkey, value, input_plan.codec, ts, rid)
             try:
-                key = key_or_dead_letter(self.plan.computation, input_plan, record, sender.plan.producer, segment)
+                found = key_or_dead_letter(self.plan.computation, input_plan, record, sender.plan.producer, segment)
             except ComputationFailed as failure:
                 report_failure(self.plan.root, self.plan.computation.name, str(failure))
                 raise
-            if isinstance(key, Produced):
-                return key
+            if isinstance(found, Produced):
+                return found
+            key = found
         return (key, input_plan.stream, rkey, value, ts, rid, segment, order, sender.plan.dedup)
 
     def _malformed(self, sender: Sender, item: Malformed, segment: int) -> Produced:

@@ -156,7 +156,7 @@ class Storage:
     def read(self, path: str) -> bytes | None:
         try:
             with self.fs.open_input_stream(self._full(path)) as data:
-                return data.read()
+                return bytes(data.read())
         except FileNotFoundError:
             return None
         except OSError as error:  # some filesystems report a missing object as a generic error
@@ -177,7 +177,7 @@ class Storage:
                 time.sleep(0.05)
 
     def exists(self, path: str) -> bool:
-        return self.fs.get_file_info(self._full(path)).type != pafs.FileType.NotFound
+        return bool(self.fs.get_file_info(self._full(path)).type != pafs.FileType.NotFound)
 
     def list(self, path: str) -> list[str]:
         """Names of the entries directly under `path` (empty if it does not exist)."""
