@@ -18,6 +18,7 @@ MODULES = [
     "millstream.apps.zeitgeist.report",
     "millstream.cli",
     "millstream.spark.storage",
+    "millstream.spark.session",
 ]
 
 
