@@ -246,6 +246,12 @@ def run_pipeline(args: argparse.Namespace) -> int:
     pipeline = load_pipeline(args.target)
     if args.runner == "harness":
         return _run_on_harness(pipeline, args)
+    from millstream.spark.storage import CredentialsInLocation, check_no_credentials
+
+    try:  # before anything else: the refusal must not repeat them, nor a directory be made of them
+        check_no_credentials(args.root, "--root")
+    except CredentialsInLocation as error:
+        raise UsageError(str(error)) from None
     root = check_writable_directory(args.root, "--root")
     check_master(args.master)
     if args.fresh:

@@ -102,7 +102,9 @@ class IntervalJoin(Computation):
             ctx.state(self.right_rows).remove(row_id)
             return
         lefts = ctx.state(self.left_rows)
-        time, value, matched = lefts.get(row_id)
+        row = lefts.get(row_id)
+        assert row is not None, f"left row {row_id!r} is held until its own timer"
+        time, value, matched = row
         lefts.remove(row_id)
         if not matched and self.how == "left":
             ctx.produce(Record(ctx.key, self.combine(Record(ctx.key, value, time, row_id), None), timer.time),

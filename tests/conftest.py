@@ -1,4 +1,12 @@
+import os
+
 import pytest
+
+# The S3 test server's (moto's) dummy credentials, set before Spark's JVM or any worker starts so that
+# every process finds them in the environment: locations never carry credentials.
+os.environ.setdefault("AWS_ACCESS_KEY_ID", "test")
+os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "test")
+os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,8 @@
-"""A throwaway S3 endpoint on 127.0.0.1 (moto's server) for tests of remote roots."""
+"""A throwaway S3 endpoint on 127.0.0.1 (moto's server) for tests of remote roots.
+
+Its locations carry no credentials (millstream refuses those): tests/conftest.py puts moto's dummy
+keys in the environment, where every process (the driver, Spark's JVM and its Python workers, worker
+processes) finds them through the AWS credential chain."""
 
 from __future__ import annotations
 
@@ -33,7 +37,7 @@ class S3Server:
     def location(self, prefix: str) -> str:
         """A fresh bucket on this server, as a millstream location with pyarrow's S3 options."""
         bucket = f"t{uuid.uuid4().hex[:12]}"
-        return (f"s3://test:test@{bucket}/{prefix}?endpoint_override=127.0.0.1:{self.port}&scheme=http"
+        return (f"s3://{bucket}/{prefix}?endpoint_override=127.0.0.1:{self.port}&scheme=http"
                 "&region=us-east-1&allow_bucket_creation=true")
 
     def stop(self) -> None:

@@ -13,8 +13,9 @@ import warnings
 
 import pytest
 
-from clitools import Ran, assert_refused, run
+from clitools import Ran, assert_refused, call, run
 from millstream.apps.dips import TrafficSpec, expected_output
+from millstream.apps.zeitgeist.__main__ import main as zeitgeist_main
 from millstream.apps.zeitgeist.generator import ZeitgeistConfig, generate
 from millstream.console.options import UsageError, check_master, quiet_library_warnings
 from millstream.console.progress import ProgressDisplay, Snapshot
@@ -43,7 +44,8 @@ def finished_zeitgeist(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, R
     (["--master", "locl[2]"], "not a Spark master"),
 ])
 def test_zeitgeist_refuses_a_bad_value_in_one_line(tmp_path, args, phrase) -> None:
-    ran = run(ZEITGEIST, "--data-dir", str(tmp_path / "d"), *args)
+    # In process (the real command's refusals: test_fresh_with_a_bad_value_keeps_the_finished_run).
+    ran = call(zeitgeist_main, "--data-dir", str(tmp_path / "d"), *args)
     assert_refused(ran, phrase)
     assert not (tmp_path / "d").exists() or args[0] == "--data-dir"
 

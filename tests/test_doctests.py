@@ -19,6 +19,8 @@ MODULES = [
     "millstream.cli",
     "millstream.injectors.heuristic",
     "millstream.console.status",
+    "millstream.spark.storage",
+    "millstream.spark.session",
 ]
 
 

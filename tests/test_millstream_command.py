@@ -8,7 +8,8 @@ import os
 from pathlib import Path
 from types import ModuleType
 
-from clitools import assert_refused, run
+from clitools import assert_refused, call, run
+from millstream.cli import main as millstream_main
 
 
 def _load(path: Path) -> ModuleType:
@@ -42,13 +43,16 @@ def test_run_refuses_what_is_not_a_pipeline(tmp_path) -> None:
                                       "def build():\n    return None\n")
     (tmp_path / "broken.py").write_text("x = (\n")
     cwd = str(tmp_path)
+    # The real command once; the other refusals in process (same main, same output, no new interpreter).
     assert_refused(run("millstream", "run", "nosuch:pipeline", cwd=cwd), "cannot import 'nosuch'")
-    assert_refused(run("millstream", "run", "broken:x", cwd=cwd), "SyntaxError")
-    assert_refused(run("millstream", "run", "jobs:missing", cwd=cwd), "has no attribute 'missing'")
-    assert_refused(run("millstream", "run", "jobs:not_a_pipeline", cwd=cwd), "is an int, not a millstream.Pipeline")
-    assert_refused(run("millstream", "run", "jobs:build", cwd=cwd), "is a function")
-    assert_refused(run("millstream", "run", "jobs", cwd=cwd), "expected module:attribute")
-    assert_refused(run("millstream", "run", "jobs:x", "--master", "spark://127.0.0.1:1", cwd=cwd), "has no attribute")
+    assert_refused(call(millstream_main, "run", "broken:x", cwd=cwd), "SyntaxError")
+    assert_refused(call(millstream_main, "run", "jobs:missing", cwd=cwd), "has no attribute 'missing'")
+    assert_refused(call(millstream_main, "run", "jobs:not_a_pipeline", cwd=cwd),
+                   "is an int, not a millstream.Pipeline")
+    assert_refused(call(millstream_main, "run", "jobs:build", cwd=cwd), "is a function")
+    assert_refused(call(millstream_main, "run", "jobs", cwd=cwd), "expected module:attribute")
+    assert_refused(call(millstream_main, "run", "jobs:x", "--master", "spark://127.0.0.1:1", cwd=cwd),
+                   "has no attribute")
 
 
 def test_run_checks_master_and_root_before_starting(tmp_path) -> None:

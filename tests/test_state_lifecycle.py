@@ -176,10 +176,12 @@ class Windower(Computation):
 
 
 def test_state_stays_flat_over_event_time_as_keys_come_and_go():
-    # 100,000 keys, each active for a moment of event time and then never again, over half an hour of
-    # event time, many times the dedup horizon. Keys leave as fast as new ones arrive.
-    keys_total, duration_ms, horizon_ms = 100_000, 1_800_000, 120_000
+    # 25,000 keys, each active for a moment of event time and then never again, over 7.5 minutes of
+    # event time, 15 times the dedup horizon. Keys leave as fast as new ones arrive.
+    keys_total, duration_ms, horizon_ms = 25_000, 450_000, 30_000
     rate_per_ms = 0.05  # 50 records per second of event time
+    step_records = 1_250  # 25 s of event time per step
+    sample_ms = 15_000
     total = int(duration_ms * rate_per_ms)
     per_key_ms = duration_ms // keys_total
 
@@ -187,17 +189,17 @@ def test_state_stays_flat_over_event_time_as_keys_come_and_go():
         t = int(i / rate_per_ms)
         return Record(f"q{t // per_key_ms}", None, t)
 
-    injector = GeneratorInjector(make, total, lambda n: int(n / rate_per_ms), max_records_per_read=5_000)
+    injector = GeneratorInjector(make, total, lambda n: int(n / rate_per_ms), max_records_per_read=step_records)
     p = Pipeline("p").add_injector("src", injector, "in").add_computation(
         "windower", Windower(), ["in"], ["windows"], dedup_horizon_ms=horizon_ms)
     h = PipelineHarness(p)
     samples = []  # (event time, keys held, bytes held)
-    while h.pull_injectors(5_000) or h.step():
+    while h.pull_injectors(step_records) or h.step():
         h.step()
         watermark = h.input_watermark("windower")
         if watermark >= END_OF_TIME:
             break
-        if not samples or watermark - samples[-1][0] >= 60_000:
+        if not samples or watermark - samples[-1][0] >= sample_ms:
             stores = [e.store for e in h._run("windower").executors]
             samples.append((watermark, sum(len(s.dedup) for s in stores),
                             sum(len(b.blob) for s in stores for b in s.blobs.values())))
@@ -209,5 +211,5 @@ def test_state_stays_flat_over_event_time_as_keys_come_and_go():
     assert max(bytes_held) <= 1.1 * min(bytes_held), f"state bytes held grew: {bytes_held}"
     # What is held is what arrived within the horizon (plus one step: an id's horizon counts from the
     # watermark once its step is processed), not everything ever seen.
-    step_ms = 5_000 / rate_per_ms
+    step_ms = step_records / rate_per_ms
     assert max(ids_held) <= 1.1 * (horizon_ms + step_ms) * rate_per_ms < total / 5

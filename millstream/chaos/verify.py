@@ -49,7 +49,7 @@ def published(run_root: str, producer: str, stream: str) -> list[dict[str, Any]]
 
 
 def sink_lines(directory: str) -> list[dict[str, Any]]:
-    lines = []
+    lines: list[dict[str, Any]] = []
     for name in sorted(os.listdir(directory)) if os.path.isdir(directory) else []:
         if name.endswith(".jsonl"):
             with open(os.path.join(directory, name)) as data:

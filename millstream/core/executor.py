@@ -483,7 +483,7 @@ class KeyGroupExecutor:
                 continue
             except _UserFailure as failure:
                 by_index = dict(items)
-                failed = [by_index[i] for i in failure.items] or [None]
+                failed: list[Delivery | None] = [by_index[i] for i in failure.items] or [None]
                 if self.plan.on_error is ErrorPolicy.FAIL:
                     raise ComputationFailed(self._failure_message(key, failed[0], failure)) from None
                 for delivery in failed:

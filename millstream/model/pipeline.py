@@ -339,10 +339,10 @@ class Pipeline:
             if DEAD_LETTERS in node.inputs and len(node.inputs) > 1:
                 raise PipelineError(f"computation {node.name!r}: a computation that reads {DEAD_LETTERS!r} "
                                     "reads nothing else")
-        for node in self.sinks.values():
-            if not self.producers(node.stream):
+        for sink in self.sinks.values():
+            if not self.producers(sink.stream):
                 raise PipelineError(
-                    f"sink {node.name!r} reads stream {node.stream!r}, which nothing produces "
+                    f"sink {sink.name!r} reads stream {sink.stream!r}, which nothing produces "
                     f"(known streams: {self._known()})"
                 )
         for stream in self.codecs:

@@ -74,7 +74,7 @@ class Record(Generic[V]):
     def value(self) -> V:
         if self._value is _UNDECODED:
             self._value = self._codec.decode(self._encoded)
-        return self._value  # type: ignore[no-any-return]
+        return self._value
 
     def encoded_value(self, codec: Any) -> bytes:
         """The value's bytes under `codec`, reusing the bytes the record arrived with."""

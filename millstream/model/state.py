@@ -44,7 +44,7 @@ class ValueState(Generic[T]):
 
     name: str
     codec: Codec = DEFAULT_CODEC
-    default: Any = None
+    default: T | None = None  # ValueState("count", default=0) is a ValueState[int]
     ttl_ms: int | None = None
 
     def __post_init__(self) -> None:

@@ -59,7 +59,8 @@ class Checkpoint:
         text = self.storage.read(f"offsets/{batch}")
         if text is None:
             return None
-        return json.loads(text.decode().strip().splitlines()[-1])
+        offset: dict[str, Any] = json.loads(text.decode().strip().splitlines()[-1])
+        return offset
 
     def is_committed(self, batch: int) -> bool:
         return self.storage.exists(f"commits/{batch}")

@@ -185,16 +185,17 @@ class FusedProducerProcessor(StatefulProcessor):
         """A production as the consumer's delivery (keyed by its extractor for the stream)."""
         consumer = self.consumer
         input_plan = consumer.input(item.stream)
-        key: str | Produced = item.key
+        key = item.key
         if not input_plan.keyed_by_record_key:
             record = Record.encoded(item.key, item.value, input_plan.codec, item.timestamp, item.id)
             try:
-                key = key_or_dead_letter(consumer, input_plan, record, self.plan.name, item.segment)
+                found = key_or_dead_letter(consumer, input_plan, record, self.plan.name, item.segment)
             except ComputationFailed as failure:
                 report_failure(self.root, consumer.name, str(failure))
                 raise
-            if isinstance(key, Produced):
-                return key
+            if isinstance(found, Produced):
+                return found
+            key = found
         return (key, item.stream, item.key, item.value, item.timestamp, item.id, item.segment, item.order, False)
 
     def close(self) -> None:

@@ -59,7 +59,7 @@ class PublicationLog:
     def entries_after(self, position: int, limit: int) -> list[tuple[int, dict[str, Any]]]:
         """Consecutive entries after `position` (at most `limit`); from the first retained entry if
         retention pruned those after `position`."""
-        found = []
+        found: list[tuple[int, dict[str, Any]]] = []
         while len(found) < limit:
             entry = self.read(position + 1)
             if entry is None:

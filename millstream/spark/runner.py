@@ -38,8 +38,8 @@ from millstream.spark.operator import FUSED_SCHEMA, OUTPUT_SCHEMA, FusedProducer
 from millstream.spark.publog import BATCH, CLAIM, Fenced, FencedWriter, PublicationLog
 from millstream.spark.retention import DEFAULT_RETAIN_LOGS_S, LogRetention
 from millstream.spark.sinks import SinkDelivery, sink_deliverers
-from millstream.spark.source import LOG_SCHEMA, SOURCE_FORMAT, InputsDataSource, Sender, SourcePlan
-from millstream.spark.storage import Storage, is_local
+from millstream.spark.source import LOG_SCHEMA, Sender, SourcePlan, source_for
+from millstream.spark.storage import Storage, check_no_credentials, is_local
 from millstream.spark.writer import FileSink
 
 __all__ = ["ComputationProgress", "MillstreamRunError", "PipelineProgress", "RootInUse", "SparkRunner"]
@@ -143,6 +143,13 @@ class SparkRunner:
             raise ValueError("retain_logs_s must be >= 0 (or None to keep every log)")
         self.pipeline = pipeline
         root = str(root)
+        # Credentials come from the environment, never from a location: refused before anything is written.
+        check_no_credentials(root, "root")
+        if checkpoint_root is not None:
+            check_no_credentials(str(checkpoint_root), "checkpoint_root")
+        for sink in pipeline.sinks.values():
+            if sink.path is not None:
+                check_no_credentials(sink.path, f"sink {sink.name!r} path")
         self.root = os.path.abspath(root) if is_local(root) else root
         self.storage = Storage(self.root)
         if checkpoint_root is None:
@@ -228,7 +235,6 @@ class SparkRunner:
         self._started_ms = int(time.time() * 1000)
         self._claim()  # before Spark starts: a root in use is refused in a moment
         spark = self.spark
-        spark.dataSource.register(InputsDataSource)
         self.sinks = SinkDelivery(self.root, sink_deliverers(spark, self.root, self.pipeline, set(self.commits)))
         self.publisher = Publisher(self.root, self.commits, self.sinks)
         self.publisher.catch_up()
@@ -417,7 +423,10 @@ class SparkRunner:
         source_plan = SourcePlan(first, self.root, tuple(senders), wake_file(name),
                                  max_records_per_batch=self.max_records_per_batch,
                                  start_positions=self._start_positions.get(name, {}))
-        rows = spark.readStream.format(SOURCE_FORMAT).option("plan", source_plan.encode()).load()
+        # The plan travels inside the registered class; options (printed in query plans) carry no plan.
+        source = source_for(source_plan)
+        spark.dataSource.register(source)
+        rows = spark.readStream.format(source.name()).option("computation", first.name).load()
         namespace = commit.checkpoint.location
         for weak in commit.fused:
             rows = rows.groupBy("key_group").transformWithState(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Callable, Mapping, TypeVar
+from typing import Any, Callable, Mapping, TypeVar
 
 import millstream
 
@@ -33,12 +33,36 @@ DEFAULT_CONF: dict[str, str] = {
 
 REQUIRED_CONF = {"spark.sql.streaming.stateStore.providerClass": STATE_STORE_PROVIDER}
 
+# Local mode: the driver, its block manager and its web UI listen on the
+# loopback interface only, not on every interface of the machine. Spark's UI binds to SPARK_LOCAL_IP
+# (else 0.0.0.0), read by the JVM when it starts.
+LOCAL_CONF: dict[str, str] = {
+    "spark.driver.host": "127.0.0.1",
+    "spark.driver.bindAddress": "127.0.0.1",
+}
+LOCAL_ENV: dict[str, str] = {"SPARK_LOCAL_IP": "127.0.0.1"}
+
+
+def session_settings(master: str, conf: Mapping[str, str] | None = None) -> tuple[dict[str, str], dict[str, str]]:
+    """(Spark settings, environment for the JVM) of a session millstream creates on `master`; the
+    user's `conf` wins over millstream's defaults.
+
+    >>> settings, env = session_settings("local[2]", {"spark.ui.enabled": "true"})
+    >>> settings["spark.ui.enabled"], settings["spark.driver.bindAddress"], env
+    ('true', '127.0.0.1', {'SPARK_LOCAL_IP': '127.0.0.1'})
+    >>> session_settings("spark://10.0.0.5:7077")[1]
+    {}
+    """
+    local = master.startswith("local")
+    settings = {**DEFAULT_CONF, **(LOCAL_CONF if local else {}), **dict(conf or {})}
+    return settings, dict(LOCAL_ENV) if local else {}
+
 
 class SessionError(RuntimeError):
     """A user-supplied SparkSession lacks a setting millstream needs and it cannot be applied."""
 
 
-def check_session(spark) -> None:  # type: ignore[no-untyped-def]
+def check_session(spark: Any) -> None:
     """Make a user's own session fit: apply what can still be set at run time, refuse clearly
     what cannot (transformWithState needs the RocksDB state store)."""
     for key, value in REQUIRED_CONF.items():
@@ -76,11 +100,11 @@ def create_session(master: str = "local[*]", app_name: str = "millstream",
     if master.startswith("local"):
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-        # Spark's web UI binds to SPARK_LOCAL_IP, or else to every interface: keep a local run's UI
-        # (which shows the pipeline's data and configuration) on this machine.
-        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    settings, env = session_settings(master, conf)
+    for key, value in env.items():
+        os.environ.setdefault(key, value)
     builder = SparkSession.builder.master(master).appName(app_name)
-    for key, value in {**DEFAULT_CONF, **dict(conf or {})}.items():
+    for key, value in settings.items():
         builder = builder.config(key, value)
     builder = builder.config("spark.executorEnv.PYTHONPATH", os.environ["PYTHONPATH"])
     spark = _with_jvm_output(log_path, builder.getOrCreate)

@@ -18,12 +18,13 @@ shuffle delivered the rows in.
 
 from __future__ import annotations
 
-import base64
-import pickle
+import re
 import time
+import zlib
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Sequence
 
+import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -85,15 +86,6 @@ class SourcePlan:
     # injector offset by sender name; absent senders start at the beginning.
     start_positions: dict[str, Any] = field(default_factory=dict)
 
-    def encode(self) -> str:
-        from pyspark import cloudpickle
-
-        return base64.b64encode(cloudpickle.dumps(self)).decode()
-
-    @staticmethod
-    def decode(text: str) -> "SourcePlan":
-        return pickle.loads(base64.b64decode(text))  # written by this driver, never read from elsewhere
-
 
 @dataclass(frozen=True)
 class BatchPlan:
@@ -103,12 +95,13 @@ class BatchPlan:
     wall_time: int
 
     def dumps(self) -> bytes:
-        return pickle.dumps((tuple(tuple(s) for s in self.segments), self.wall_time), protocol=5)
+        return orjson.dumps([[list(s) for s in self.segments], self.wall_time])
 
     @classmethod
     def loads(cls, blob: bytes) -> "BatchPlan":
-        segments, wall = pickle.loads(blob)  # written by this module's driver side
-        return cls(tuple(Segment(*s) for s in segments), wall)
+        segments, wall = orjson.loads(blob)
+        return cls(tuple(Segment(low, high, tuple((stream, before, after) for stream, before, after in inputs), idle)
+                         for low, high, inputs, idle in segments), wall)
 
     @classmethod
     def of_offset(cls, end: dict[str, Any]) -> "BatchPlan":
@@ -258,7 +251,8 @@ class InputsReader(DataSourceStreamReader):
         pass
 
     # -- executor side -------------------------------------------------------------------------
-    def read(self, partition: _Partition) -> Iterator[pa.RecordBatch]:
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, _Partition), partition
         plan = self.plan.computation
         if partition.kind == "heartbeat":
             yield _batch([(group, None, None) for group in range(plan.key_groups)], partition.plan)
@@ -296,17 +290,17 @@ class InputsReader(DataSourceStreamReader):
 
     def _keyed(self, input_plan: InputPlan, sender: Sender, rkey: str, value: bytes, ts: int, rid: str,
                segment: int, order: int) -> DeliveryItem | Produced:
-        if input_plan.keyed_by_record_key:
-            key: str | Produced = rkey
-        else:
+        key = rkey
+        if not input_plan.keyed_by_record_key:
             record = Record.encoded(rkey, value, input_plan.codec, ts, rid)
             try:
-                key = key_or_dead_letter(self.plan.computation, input_plan, record, sender.plan.producer, segment)
+                found = key_or_dead_letter(self.plan.computation, input_plan, record, sender.plan.producer, segment)
             except ComputationFailed as failure:
                 report_failure(self.plan.root, self.plan.computation.name, str(failure))
                 raise
-            if isinstance(key, Produced):
-                return key
+            if isinstance(found, Produced):
+                return found
+            key = found
         return (key, input_plan.stream, rkey, value, ts, rid, segment, order, sender.plan.dedup)
 
     def _malformed(self, sender: Sender, item: Malformed, segment: int) -> Produced:
@@ -364,14 +358,39 @@ def _batch(rows: list[tuple[int, bytes | None, bytes | None]], plan: bytes) -> p
 
 
 class InputsDataSource(DataSource):
-    """Registered with Spark under SOURCE_FORMAT; option `plan` carries the encoded SourcePlan."""
+    """The inputs of one computation; `source_for` makes a subclass per SourcePlan.
+
+    The plan (injectors, the computation's plan, the root) is a class attribute of that subclass, so it
+    travels inside the class Spark itself pickles when the source is registered, never as a data source
+    option: options are printed in query plans and progress descriptions. The one option, `computation`,
+    is plain text and only checks that the query reads the source it was built for."""
+
+    plan: SourcePlan
+    format_name: str = SOURCE_FORMAT
 
     @classmethod
     def name(cls) -> str:
-        return SOURCE_FORMAT
+        return cls.format_name
 
     def schema(self) -> str:
         return SOURCE_SCHEMA
 
     def streamReader(self, schema: Any) -> InputsReader:
-        return InputsReader(SourcePlan.decode(self.options["plan"]))
+        wanted = self.options.get("computation")
+        if wanted != self.plan.computation.name:
+            raise ValueError(f"source {self.format_name!r} reads for computation {self.plan.computation.name!r}, "
+                             f"not {wanted!r}")
+        return InputsReader(self.plan)
+
+
+def source_format(computation: str) -> str:
+    """The format name a computation's source is registered under (distinct per computation name)."""
+    tag = re.sub(r"[^0-9A-Za-z_]", "_", computation)[:40]
+    return f"{SOURCE_FORMAT}_{tag}_{zlib.crc32(computation.encode()):08x}"
+
+
+def source_for(plan: SourcePlan) -> type[InputsDataSource]:
+    """A DataSource class carrying `plan`, to register with `spark.dataSource.register` and read with
+    `.format(cls.name()).option("computation", plan.computation.name)`."""
+    name = source_format(plan.computation.name)
+    return type(f"InputsDataSource_{name}", (InputsDataSource,), {"plan": plan, "format_name": name})

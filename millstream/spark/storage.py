@@ -24,7 +24,7 @@ import posixpath
 import time
 import uuid
 from typing import Any
-from urllib.parse import parse_qs, unquote, urlsplit, urlunsplit
+from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -32,6 +32,72 @@ import pyarrow.parquet as pq
 
 
 _JSON_READ_ATTEMPTS = 20
+
+
+# Query options of a location that carry secrets (pyarrow's S3 and GCS options, signed URLs, the usual
+# names). A location is written to pipeline.json, logs, messages and Spark's query plans: it must not
+# carry credentials, which come from the environment or the storage's own credential chain instead.
+_SECRET_OPTIONS = frozenset({
+    "access_key", "secret_key", "session_token", "access_token", "credentials", "password", "passwd",
+    "secret", "token", "sig", "signature", "awsaccesskeyid", "x-amz-credential", "x-amz-signature",
+    "x-amz-security-token", "x-goog-credential", "x-goog-signature", "key", "apikey", "api_key",
+})
+
+
+class CredentialsInLocation(ValueError):
+    """A location (URI) with credentials in it; they must come from the environment instead."""
+
+
+def _options(query: str) -> list[tuple[str, str]]:
+    return [(name, value) for name, _, value in (item.partition("=") for item in query.split("&") if item)]
+
+
+def _split_userinfo(location: str) -> tuple[str, bool]:
+    """(the location without user information, whether it had any). Any '@' before the query counts:
+    a secret may hold '/' or '+', which ends a URI's authority early for urlsplit."""
+    scheme, sep, rest = location.partition("://")
+    before_query, q, query = rest.partition("?")
+    if not sep or "@" not in before_query:
+        return location, False
+    return f"{scheme}://{before_query.rsplit('@', 1)[1]}{q}{query}", True
+
+
+def redact_location(location: str) -> str:
+    """The location without user information and without the values of secret query options.
+
+    >>> redact_location("s3://AKIA123:wJa/lr+x@bucket/root?region=eu-west-1&secret_key=wJa/lr")
+    's3://bucket/root?region=eu-west-1&secret_key=***'
+    """
+    if is_local(location):
+        return location
+    location, _ = _split_userinfo(location)
+    parts = urlsplit(location)
+    query = "&".join(f"{name}=***" if name.lower() in _SECRET_OPTIONS else f"{name}={value}"
+                     for name, value in _options(parts.query))
+    return urlunsplit(parts._replace(query=query))
+
+
+def check_no_credentials(location: str, what: str = "location") -> None:
+    """Refuse a location that carries credentials (user:password@ or a secret query option), with
+    a message that does not repeat them.
+
+    >>> check_no_credentials("s3://bucket/root?endpoint_override=127.0.0.1:9000&scheme=http")
+    >>> check_no_credentials("s3://AKIA123:wJa/lr@bucket/root", "root")
+    Traceback (most recent call last):
+    ...
+    millstream.spark.storage.CredentialsInLocation: root s3://bucket/root carries credentials (user:password@); give them through the environment (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, a profile, an instance role) or the storage's own credential chain, never in the URI: it is written to pipeline.json, logs and Spark's query plans
+    """
+    if is_local(location):
+        return
+    without, userinfo = _split_userinfo(location)
+    found = ["user:password@"] if userinfo else []
+    found += [f"option {name}" for name, _ in _options(urlsplit(without).query) if name.lower() in _SECRET_OPTIONS]
+    if found:
+        raise CredentialsInLocation(
+            f"{what} {redact_location(location).split('?')[0]} carries credentials ({', '.join(found)}); give "
+            "them through the environment (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, a profile, an instance "
+            "role) or the storage's own credential chain, never in the URI: it is written to pipeline.json, "
+            "logs and Spark's query plans")
 
 
 def is_local(location: str) -> bool:
@@ -54,6 +120,7 @@ class Storage:
             self.base = os.path.abspath(local)
             self.local = True
         else:
+            check_no_credentials(location)
             parts = urlsplit(location)
             if parts.scheme == "s3a":
                 parts = parts._replace(scheme="s3")
@@ -89,7 +156,7 @@ class Storage:
     def read(self, path: str) -> bytes | None:
         try:
             with self.fs.open_input_stream(self._full(path)) as data:
-                return data.read()
+                return bytes(data.read())
         except FileNotFoundError:
             return None
         except OSError as error:  # some filesystems report a missing object as a generic error
@@ -110,7 +177,7 @@ class Storage:
                 time.sleep(0.05)
 
     def exists(self, path: str) -> bool:
-        return self.fs.get_file_info(self._full(path)).type != pafs.FileType.NotFound
+        return bool(self.fs.get_file_info(self._full(path)).type != pafs.FileType.NotFound)
 
     def list(self, path: str) -> list[str]:
         """Names of the entries directly under `path` (empty if it does not exist)."""
@@ -176,10 +243,8 @@ class Storage:
         endpoint = options.get("endpoint_override")
         if endpoint and "://" not in endpoint:
             endpoint = f"{options.get('scheme', 'https')}://{endpoint}"
-        user, _, password = (unquote(parts.netloc.rsplit("@", 1)[0]).partition(":")
-                             if "@" in parts.netloc else ("", "", ""))
-        client = boto3.client("s3", endpoint_url=endpoint, region_name=options.get("region"),
-                              aws_access_key_id=user or None, aws_secret_access_key=password or None)
+        # Credentials from the environment or boto3's credential chain, as for pyarrow (never the location).
+        client = boto3.client("s3", endpoint_url=endpoint, region_name=options.get("region"))
         bucket, _, key = full.partition("/")
         try:
             client.put_object(Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")

@@ -86,12 +86,12 @@ class BatchWriter:
             files.append({"stream": stream, "path": storage.full_path(path), "rows": len(items)})
         sink_files = []
         for sink in self.sinks:
-            items = by_stream.get(sink.stream)
-            if not items:
+            sink_items = by_stream.get(sink.stream)
+            if not sink_items:
                 continue
             path = f"{sink_staging_dir(sink.name, self.computation, self.batch, self.attempt)}/part-{task}.{sink.format}"
-            storage.write(path, sink_file(items, sink.format, sink.codec))
-            sink_files.append({"sink": sink.name, "path": path, "rows": len(items)})
+            storage.write(path, sink_file(sink_items, sink.format, sink.codec))
+            sink_files.append({"sink": sink.name, "path": path, "rows": len(sink_items)})
         yield pa.RecordBatch.from_pylist([{"files": files, "sink_files": sink_files, "reports": reports}],
                                          schema=_ARROW_SCHEMA)
 

@@ -19,7 +19,7 @@ batches them, which is why the conformance test can demand record-for-record equ
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, cast
 
 from millstream.core.deadletters import dead_letter
 from millstream.core.production import Produced
@@ -108,7 +108,7 @@ class PipelineHarness:
         `step`/`run`."""
         node = self._injector(injector)
         partition = self._partition(injector, partition)
-        produced = []
+        produced: list[Produced] = []
         codec = self.pipeline.codec(node.stream)
         for record in records:
             record_id = record.id or derive_record_id(injector, "feed", self._fed[injector])
@@ -235,17 +235,17 @@ class PipelineHarness:
     def keys(self, computation: str) -> list[str]:
         """Every key the computation holds anything for."""
         run = self._run(computation)
-        return sorted(k for e in run.executors for k in e.store.keys())  # type: ignore[attr-defined]
+        return sorted(k for store in _stores(run) for k in store.keys())
 
     def state_bytes(self, computation: str) -> int:
         """Bytes of the computation's encoded key state (values and timers; dedup ids apart)."""
         run = self._run(computation)
-        return sum(len(b.blob) for e in run.executors for b in e.store.blobs.values())  # type: ignore[attr-defined]
+        return sum(len(b.blob) for store in _stores(run) for b in store.blobs.values())
 
     def dedup_ids(self, computation: str) -> list[tuple[str, str]]:
         """The (key, record id) pairs the computation still remembers to discard duplicates."""
         run = self._run(computation)
-        return sorted(k for e in run.executors for k in e.store.dedup.marks)  # type: ignore[attr-defined]
+        return sorted(k for store in _stores(run) for k in store.dedup.marks)
 
     def pending_wall_timers(self, computation: str) -> int | None:
         """The earliest wall-time timer still pending in the computation, if any."""
@@ -371,3 +371,8 @@ def _info(plan: ComputationPlan) -> Any:
     from millstream.model.computation import ComputationInfo
 
     return ComputationInfo(plan.name, plan.pipeline)
+
+
+def _stores(run: Any) -> list[MemoryKeyStore]:
+    """The harness's executors keep their state in memory (see __init__)."""
+    return [cast(MemoryKeyStore, executor.store) for executor in run.executors]

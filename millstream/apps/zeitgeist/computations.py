@@ -273,7 +273,7 @@ class Windower(Computation):
 
     # {"b0": start of the next bucket to produce (None: dormant), "c": counts of buckets b0, b0+1s, ...,
     #  "last": start of the last bucket with data, "late": searches dropped as late}
-    window = ValueState("window")
+    window: ValueState[dict[str, Any] | None] = ValueState("window")
 
     def __init__(self, quiet_ms: int = 240_000, stream_start: int | None = None,
                  stream_end: int | None = None) -> None:
@@ -312,6 +312,7 @@ class Windower(Computation):
     def process_timer(self, ctx: Context, timer: Timer) -> None:
         handle = ctx.state(self.window)
         st = handle.get()
+        assert st is not None, "the window timer is set with the window's state"
         end = timer.time
         start = end - BUCKET_MS
         counts = st["c"]
@@ -336,10 +337,10 @@ class ModelCalculator(Computation):
     prediction made *before* learning from the window, then learns from windows that are at least
     `gate_window` seconds old and were not part of an anomalous stretch (see ModelSettings)."""
 
-    model = ValueState("model")  # see empty_model()
+    model: ValueState[dict[str, Any] | None] = ValueState("model")  # see empty_model()
     # {"recent": [[start, count, expected, var, ready, gated], ...] not learned yet,
     #  "sums": [n, observed, expected, var] over the ready ones, "gated": seconds not learned in a row}
-    gate = ValueState("gate")
+    gate: ValueState[dict[str, Any] | None] = ValueState("gate")
 
     def __init__(self, settings: ModelSettings = ModelSettings()) -> None:
         self.settings = settings
@@ -403,8 +404,8 @@ class DipDetector(Computation):
     can arrive. Buckets wait in state until a low-watermark timer says the watermark has passed their
     end; then they enter the dip CUSUM in bucket order."""
 
-    pending = ValueState("pending", default=[])  # [[start, count, expected, var, ready, se], ...]
-    det = ValueState("det")  # new_cusum() + "armed": time of the pending timer
+    pending: ValueState[list[list[Any]]] = ValueState("pending", default=[])  # [[start, count, expected, var, ready, se], ...]
+    det: ValueState[dict[str, Any] | None] = ValueState("det")  # new_cusum() + "armed": time of the pending timer
 
     def __init__(self, settings: DetectorSettings = DIPS) -> None:
         self.settings = settings
@@ -464,9 +465,9 @@ class SpikeDetector(Computation):
     own; each open bucket stores the CUSUM continued over the partial counts, and a search updates
     it from its bucket onwards until the values stop changing (usually at once)."""
 
-    mirror = ValueState("mirror")  # the query's model, as of the latest update received
-    open = ValueState("open")
-    det = ValueState("det")
+    mirror: ValueState[dict[str, Any] | None] = ValueState("mirror")  # the query's model, as of the latest update received
+    open: ValueState[dict[str, Any] | None] = ValueState("open")
+    det: ValueState[dict[str, Any] | None] = ValueState("det")
 
     def __init__(self, settings: DetectorSettings = SPIKES, model: ModelSettings = ModelSettings()) -> None:
         self.settings = settings
@@ -577,7 +578,7 @@ class SpikeDetector(Computation):
             apply_update(mirror, value["update"])
             mirror_handle.set(mirror)
             entries = opened["e"] if opened else None
-            if (entries and not entries[-1][3] and predict(
+            if (opened and entries and not entries[-1][3] and predict(
                     self.model_settings, mirror, opened["b0"] + (len(entries) - 1) * BUCKET_MS).ready):
                 # Open buckets predicted before the model was ready, which it now is: predict again.
                 for i, entry in enumerate(entries):

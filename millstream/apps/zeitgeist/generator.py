@@ -201,7 +201,8 @@ class QueryTable:
         x = (np.asarray(seconds, dtype=float) + 0.5) / day_seconds
         shape = (1.0 + self.amplitude[q] * np.sin(2 * np.pi * (x + self.phase[q]))
                  + self.amplitude2[q] * np.sin(4 * np.pi * (x + self.phase2[q])))
-        return self.base_rate[q] * shape
+        rate: np.ndarray = self.base_rate[q] * shape
+        return rate
 
 
 def _streams(seed: int) -> dict[str, np.random.Generator]:
@@ -402,7 +403,7 @@ class EventLog:
     delayed: np.ndarray  # bool: delayed on the wire (random delay or a burst); the watermark waits
     watermark: np.ndarray  # int64: low watermark after emitting n events, n = 0..N (last = END)
     max_emitted: np.ndarray  # int64: max timestamp among the first n events, n = 0..N
-    counts: np.ndarray = field(repr=False, default=None)  # (queries, seconds) event counts
+    counts: np.ndarray = field(repr=False)  # (queries, seconds) event counts
 
     def __len__(self) -> int:
         return len(self.timestamp)

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 from dataclasses import dataclass, field, replace
 
 from millstream.apps.zeitgeist.computations import (
@@ -75,5 +76,5 @@ def build_pipeline(config: PipelineConfig | ZeitgeistConfig | None = None) -> Pi
     return pipeline
 
 
-def with_generator(config: PipelineConfig, **changes: object) -> PipelineConfig:
+def with_generator(config: PipelineConfig, **changes: Any) -> PipelineConfig:
     return replace(config, generator=replace(config.generator, **changes))
