@@ -269,7 +269,7 @@ class SparkRunner:
         runner = self
         prefix = f"{self.pipeline.name}."
 
-        class ProgressFeed(StreamingQueryListener):  # type: ignore[misc]
+        class ProgressFeed(StreamingQueryListener):
             def onQueryStarted(self, event: Any) -> None:
                 pass
 
