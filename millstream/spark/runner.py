@@ -46,7 +46,8 @@ __all__ = ["ComputationProgress", "MillstreamRunError", "PipelineProgress", "Roo
 
 # Failures that say nothing about the pipeline: the query is restarted from its checkpoint.
 _TRANSIENT = ("Python worker failed to connect back", "Timed out while waiting for the Python worker")
-MAX_RESTARTS = 10
+MAX_RESTARTS = 12
+RESTART_BACKOFF_CAP_S = 20.0
 # Version of the state and log layout under a root; a root written by another version is refused.
 LAYOUT_FORMAT = 3
 
@@ -509,6 +510,9 @@ class SparkRunner:
             if reported is None and any(p in str(error) for p in _TRANSIENT) and \
                     self._restarts.get(name, 0) < MAX_RESTARTS:
                 self._restarts[name] = self._restarts.get(name, 0) + 1
+                # A machine too busy for a worker to connect back in time needs a moment, not a
+                # rapid retry that meets the same load.
+                time.sleep(min(RESTART_BACKOFF_CAP_S, 0.5 * 2 ** self._restarts[name]))
                 self._queries[name] = self._start_query(name)
                 continue
             self.stop()
