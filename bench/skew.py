@@ -16,22 +16,8 @@ import argparse
 import json
 import time
 
-from millstream import Computation, GeneratorInjector, MapState, Pipeline, Record
+from millstream import Count, GeneratorInjector, Pipeline, Record, TumblingWindows, WindowAggregate
 from millstream.testing import PipelineHarness
-
-
-class Windows(Computation):
-    counts = MapState[int, int]("counts")
-
-    def process_record(self, ctx, record):
-        bucket = record.timestamp - record.timestamp % 100
-        ctx.state(self.counts).put(bucket, ctx.state(self.counts).get(bucket, 0) + 1)
-        ctx.set_timer(f"w{bucket}", bucket + 100)
-
-    def process_timer(self, ctx, timer):
-        ctx.produce(Record(ctx.key, [timer.time, ctx.state(self.counts).get(timer.time - 100)], timer.time),
-                    "windows")
-        ctx.state(self.counts).remove(timer.time - 100)
 
 
 def measure(fast_records: int, max_skew_ms: int | None) -> dict:
@@ -40,10 +26,11 @@ def measure(fast_records: int, max_skew_ms: int | None) -> dict:
                              max_records_per_read=300, name="fast")
     slow = GeneratorInjector(lambda i: Record("s", i, i * 1_000), slow_records, lambda n: n * 1_000,
                              max_records_per_read=1, name="slow")
+    windows = WindowAggregate(TumblingWindows(100), Count(), "windows")
     pipeline = (Pipeline("skew")
                 .add_injector("fast", fast, "in", max_skew_ms=max_skew_ms)
                 .add_injector("slow", slow, "in")
-                .add_computation("windows", Windows(), ["in"], ["windows"]))
+                .add_computation("windows", windows, ["in"], windows.outputs))
     harness = PipelineHarness(pipeline)
     started = time.perf_counter()
     peak_state = 0
@@ -54,7 +41,7 @@ def measure(fast_records: int, max_skew_ms: int | None) -> dict:
         if not moved and not busy:
             break
     elapsed = time.perf_counter() - started
-    output = sorted((r.key, tuple(r.value)) for r in harness.output("windows"))
+    output = sorted((r.key, r.timestamp, json.dumps(r.value, sort_keys=True)) for r in harness.output("windows"))
     return {"max_skew_ms": max_skew_ms, "peak_state_bytes": peak_state, 
             "seconds": round(elapsed, 2), "windows": len(output), "output": output}
 

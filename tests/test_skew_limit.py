@@ -4,23 +4,12 @@ is the same as without the limit."""
 
 from __future__ import annotations
 
-from millstream import Computation, GeneratorInjector, MapState, Pipeline, Record
+from bucket_counter import BucketCounter
+
+from millstream import GeneratorInjector, Pipeline, Record
 from millstream.testing import PipelineHarness
 
 FAST, SLOW = 6_000, 60  # records: the fast input runs 100x further per read than the slow one
-
-
-class Windows(Computation):
-    counts = MapState[int, int]("counts")
-
-    def process_record(self, ctx, record):
-        bucket = record.timestamp - record.timestamp % 100
-        ctx.state(self.counts).put(bucket, ctx.state(self.counts).get(bucket, 0) + 1)
-        ctx.set_timer(f"w{bucket}", bucket + 100)
-
-    def process_timer(self, ctx, timer):
-        ctx.produce(Record(ctx.key, [timer.time, ctx.state(self.counts).get(timer.time - 100)], timer.time), "windows")
-        ctx.state(self.counts).remove(timer.time - 100)
 
 
 def run(max_skew_ms):
@@ -31,7 +20,7 @@ def run(max_skew_ms):
     pipeline = (Pipeline("skew")
                 .add_injector("fast", fast, "in", max_skew_ms=max_skew_ms)
                 .add_injector("slow", slow, "in")
-                .add_computation("windows", Windows(), ["in"], ["windows"]))
+                .add_computation("windows", BucketCounter(100), ["in"], ["windows"]))
     h = PipelineHarness(pipeline)
     peak = 0
     for _ in range(10_000):

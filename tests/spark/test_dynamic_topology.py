@@ -5,25 +5,13 @@ keep running and keep their state: their output is the output of a run that neve
 import json
 import os
 
-from millstream import Computation, GeneratorInjector, MapState, Pipeline, Record, ValueState
+from bucket_counter import BucketCounter
+
+from millstream import Computation, GeneratorInjector, Pipeline, Record, ValueState
 from millstream.spark.publog import PublicationLog
 from millstream.spark.runner import SparkRunner
 
 EVENTS = 4_000
-
-
-class Windower(Computation):
-    counts = MapState[int, int]("counts")
-
-    def process_record(self, ctx, record):
-        bucket = record.timestamp - record.timestamp % 1_000
-        ctx.state(self.counts).put(bucket, ctx.state(self.counts).get(bucket, 0) + 1)
-        ctx.set_timer(f"w{bucket}", bucket + 1_000)
-
-    def process_timer(self, ctx, timer):
-        bucket = timer.time - 1_000
-        ctx.produce(Record(ctx.key, [bucket, ctx.state(self.counts).get(bucket)], timer.time), "windows")
-        ctx.state(self.counts).remove(bucket)
 
 
 class Total(Computation):
@@ -58,7 +46,7 @@ class GatedGenerator(GeneratorInjector):
 def pipeline(with_extra=True, gate=None):
     injector = GatedGenerator(gate)
     p = (Pipeline("changing").add_injector("src", injector, "in")
-         .add_computation("windower", Windower(), ["in"], ["windows"])
+         .add_computation("windower", BucketCounter(), ["in"], ["windows"])
          .add_computation("totals", Total("running"), ["windows"], ["running"]))
     if with_extra:
         p.add_computation("extra", Total("extra_out"), ["windows"], ["extra_out"])

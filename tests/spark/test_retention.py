@@ -6,26 +6,14 @@ import os
 import subprocess
 import sys
 
-from millstream import Computation, GeneratorInjector, MapState, Pipeline, Record
+from bucket_counter import BucketCounter
+
+from millstream import Computation, GeneratorInjector, Pipeline, Record
 from millstream.spark.publog import PublicationLog
 from millstream.spark.runner import SparkRunner
 
 EVENTS = 3_000
 KEYS = 3
-
-
-class Windower(Computation):
-    counts = MapState[int, int]("counts")
-
-    def process_record(self, ctx, record):
-        bucket = record.timestamp - record.timestamp % 1_000
-        ctx.state(self.counts).put(bucket, ctx.state(self.counts).get(bucket, 0) + 1)
-        ctx.set_timer(f"w{bucket}", bucket + 1_000)
-
-    def process_timer(self, ctx, timer):
-        bucket = timer.time - 1_000
-        ctx.produce(Record(ctx.key, [bucket, ctx.state(self.counts).get(bucket)], timer.time), "windows")
-        ctx.state(self.counts).remove(bucket)
 
 
 class Relay(Computation):
@@ -37,7 +25,7 @@ def pipeline(out):
     injector = GeneratorInjector(lambda i: Record(f"k{i % KEYS}", i, 7 * i), EVENTS, lambda n: 7 * n,
                                  max_records_per_read=150)
     return (Pipeline("retained").add_injector("src", injector, "in")
-            .add_computation("windower", Windower(), ["in"], ["windows"])
+            .add_computation("windower", BucketCounter(), ["in"], ["windows"])
             .add_computation("relay", Relay(), ["windows"], ["relayed"])
             .add_sink("out", "relayed", str(out)))
 
@@ -93,7 +81,7 @@ ROOT_DIR = os.path.dirname(os.path.dirname(HERE))
 
 def drive(root, out, kill_at=None):
     """This module as a driver process (below), killed with its JVM at `kill_at` if given."""
-    env = {**os.environ, "PYTHONPATH": ROOT_DIR}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join((ROOT_DIR, os.path.join(ROOT_DIR, "tests")))}
     env.pop("MILLSTREAM_KILL_AT", None)
     if kill_at:
         env["MILLSTREAM_KILL_AT"] = kill_at

@@ -7,7 +7,8 @@ import os
 from millstream.spark.runner import SparkRunner
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from test_skew_limit import FAST, Windows  # noqa: E402
+from bucket_counter import BucketCounter  # noqa: E402
+from test_skew_limit import FAST  # noqa: E402
 
 from millstream import GeneratorInjector, Pipeline, Record  # noqa: E402
 
@@ -20,7 +21,7 @@ def pipeline(max_skew_ms):
     return (Pipeline("skew")
             .add_injector("fast", fast, "in", max_skew_ms=max_skew_ms)
             .add_injector("slow", slow, "in")
-            .add_computation("windows", Windows(), ["in"], ["windows"]))
+            .add_computation("windows", BucketCounter(100), ["in"], ["windows"]))
 
 
 def lead(runner):

@@ -1,0 +1,24 @@
+"""A small windowing computation several tests share: counts per key and bucket of event time."""
+
+from millstream import Computation, MapState, Record
+
+
+class BucketCounter(Computation):
+    """Counts a key's records per `size_ms` bucket of event time; once the low watermark passes the
+    bucket's end, produces `[bucket start, count]` stamped with the end to `stream`."""
+
+    counts = MapState[int, int]("counts")
+
+    def __init__(self, size_ms: int = 1_000, stream: str = "windows") -> None:
+        self.size_ms = size_ms
+        self.stream = stream
+
+    def process_record(self, ctx, record):
+        bucket = record.timestamp - record.timestamp % self.size_ms
+        ctx.state(self.counts).put(bucket, ctx.state(self.counts).get(bucket, 0) + 1)
+        ctx.set_timer(f"w{bucket}", bucket + self.size_ms)
+
+    def process_timer(self, ctx, timer):
+        bucket = timer.time - self.size_ms
+        ctx.produce(Record(ctx.key, [bucket, ctx.state(self.counts).get(bucket)], timer.time), self.stream)
+        ctx.state(self.counts).remove(bucket)
