@@ -7,7 +7,9 @@ import importlib
 
 import pytest
 
-MODULES = ["batching", "clock", "eventstore", "factory", "ids", "registry", "sharded", "sqlite_registry"]
+MODULES = ["adapter", "batching", "clock", "credentials", "dispatcher", "eventreader", "eventstore", "factory",
+           "faults", "ids", "joiner", "liveness", "outputs", "pipeline", "registry", "sharded", "sqlite_registry",
+           "verifier"]
 
 
 @pytest.mark.parametrize("name", MODULES)

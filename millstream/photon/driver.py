@@ -1,0 +1,50 @@
+"""`python -m millstream.photon.driver SPEC.json`: one redundant Photon pipeline's driver process.
+
+Runs `millstream.photon.pipeline.run_pipeline` on the spec (see PhotonPipelineSpec) until its logs are
+finished. Exit codes: 0 finished; 1 the pipeline failed (one line on stderr, the details in its logs);
+3 refused because the verifier retired its owner name.
+
+A fault `die_after_commit` in the spec kills this driver's process group (driver and JVM) and the
+Spark worker's own: start the driver in a process group of its own (`start_new_session=True`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+import traceback
+
+from millstream.photon.liveness import OwnerRetired
+from millstream.photon.pipeline import PhotonPipelineSpec, run_pipeline
+
+EXIT_FAILED = 1
+EXIT_RETIRED = 3
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m millstream.photon.driver", description=__doc__.split("\n\n")[0])
+    parser.add_argument("spec", help="the pipeline's spec (JSON)")
+    parser.add_argument("--timeout", type=float, default=None, help="give up after this many seconds")
+    args = parser.parse_args(argv)
+    spec = PhotonPipelineSpec.load(args.spec)
+    if spec.faults.die_after_commit and spec.faults.kill_process_group is None:
+        spec = dataclasses.replace(spec, faults=dataclasses.replace(spec.faults, kill_process_group=os.getpgrp()))
+    try:
+        run_pipeline(spec, timeout_s=args.timeout)
+    except OwnerRetired as refused:
+        print(f"photon driver {spec.owner}: {refused}", file=sys.stderr)
+        return EXIT_RETIRED
+    except KeyboardInterrupt:
+        return 130
+    except Exception as error:
+        traceback.print_exc()  # the driver's stderr is its log; the last line says it in one line
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        print(f"photon driver {spec.owner}: failed: {first}", file=sys.stderr)
+        return EXIT_FAILED
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,208 @@
+"""The verifier: finds clicks registered but never written, and gives them back to the pipelines.
+
+A pipeline that dies for good between registering a click id and publishing the joined event leaves
+the id registered to its token with no output anywhere; every other pipeline's dispatcher skips the
+click (the registry says it is joined), so without repair it is lost. As in the paper, the verifier
+compares the click log with the union of the pipelines' outputs and, for each click that is
+registered but appears in no output:
+
+1. checks the token's owner: alive (a heartbeat within `owner_timeout_ms`), it may still publish, so
+   the click is left alone ("waiting for owner");
+2. gone: retires the owner (it may then never start again under that name, see liveness.py), reads
+   the outputs again (the owner might have published in the meantime), deletes the id from the
+   registry, conditionally on the token still being that owner's, and
+3. re-injects the click: writes its record, with a new record id, to a file in the re-injection
+   directory, which every pipeline reads with a FileInjector. The next pipeline to dispatch it finds
+   the id absent and joins it.
+
+It also reports what else it sees: clicks joined more than once (must be none), clicks in both
+outputs, records in the outputs that are not in the click log, and clicks neither registered nor
+written (still being retried somewhere, or dropped by the adapter's filter). Click ids behind the
+registry's GC boundary cannot be verified and are counted as expired.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterable, Sequence
+
+from millstream.model.records import Record
+from millstream.photon.adapter import JoinAdapter
+from millstream.photon.clock import Clock, wall_clock_ms
+from millstream.photon.liveness import is_gone, retire_owner
+from millstream.photon.outputs import PipelineLayout, read_log, read_sink
+from millstream.photon.registry import DeleteStatus, IdRegistry, LookupResult
+
+LOOKUP_CHUNK = 1_000
+
+
+@dataclass
+class VerifierReport:
+    """What one verifier run found and did (lists of click ids).
+
+    >>> VerifierReport(clicks=3, joined=2, unjoinable=1).consistent
+    True
+    """
+
+    clicks: int = 0  # distinct click ids in the click log
+    joined: int = 0  # distinct click ids in the joined outputs
+    unjoinable: int = 0  # distinct click ids reported unjoinable (expired ones included)
+    expired: list[str] = field(default_factory=list)  # behind the GC boundary: cannot be verified
+    duplicated: list[str] = field(default_factory=list)  # joined more than once across the outputs
+    joined_and_unjoinable: list[str] = field(default_factory=list)
+    unknown: list[str] = field(default_factory=list)  # in an output, not in the click log
+    unsettled: list[str] = field(default_factory=list)  # neither registered nor written (yet)
+    waiting_for_owner: list[str] = field(default_factory=list)  # registered, unwritten, owner alive
+    repaired: list[str] = field(default_factory=list)  # deleted from the registry and re-injected
+    retired_owners: list[str] = field(default_factory=list)
+    reinjection_file: str | None = None
+
+    @property
+    def consistent(self) -> bool:
+        """Nothing joined twice, nothing both joined and unjoinable, nothing unknown."""
+        return not (self.duplicated or self.joined_and_unjoinable or self.unknown)
+
+    @property
+    def settled(self) -> bool:
+        """Every click of the log is written exactly once: joined, or reported unjoinable."""
+        return self.consistent and not (self.unsettled or self.waiting_for_owner or self.repaired)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def summary(self) -> str:
+        return (f"{self.clicks} clicks: {self.joined} joined, {self.unjoinable} unjoinable, "
+                f"{len(self.unsettled)} unsettled, {len(self.waiting_for_owner)} waiting for a live owner, "
+                f"{len(self.repaired)} repaired (re-injected), {len(self.duplicated)} joined twice")
+
+
+@dataclass(frozen=True)
+class OutputsSeen:
+    joined: Counter[str]
+    unjoinable: set[str]
+
+
+def read_outputs(pipelines: Iterable[PipelineLayout]) -> OutputsSeen:
+    """The click ids in the union of the pipelines' `joined` and `unjoinable` sinks."""
+    joined: Counter[str] = Counter()
+    unjoinable: set[str] = set()
+    for layout in pipelines:
+        joined.update(record.key for record in read_sink(layout.joined_dir))
+        unjoinable.update(record.key for record in read_sink(layout.unjoinable_dir))
+    return OutputsSeen(joined, unjoinable)
+
+
+class Verifier:
+    """Checks the click log in `click_log` against the outputs of `pipelines`, repairing through
+    `registry` and `reinject_dir` (see the module doc). `click_log_creation` is how the pipelines'
+    FileInjector reads the click log ("name" or "mtime"), so that record ids are the same.
+
+    >>> import tempfile, os
+    >>> from millstream.photon import open_registry
+    >>> base = tempfile.mkdtemp()
+    >>> registry = open_registry("sqlite:///" + os.path.join(base, "ids.db"))
+    >>> verifier = Verifier(registry, os.path.join(base, "clicks"), [PipelineLayout(os.path.join(base, "a"))],
+    ...                     os.path.join(base, "reinject"), owner_timeout_ms=10_000)
+    >>> verifier.run().summary()
+    '0 clicks: 0 joined, 0 unjoinable, 0 unsettled, 0 waiting for a live owner, 0 repaired (re-injected), 0 joined twice'
+    >>> registry.close()
+    """
+
+    def __init__(self, registry: IdRegistry, click_log: str, pipelines: Sequence[PipelineLayout], reinject_dir: str,
+                 owner_timeout_ms: int = 15_000, adapter: JoinAdapter | None = None, click_log_creation: str = "name",
+                 clock: Clock | None = None) -> None:
+        self.registry = registry
+        self.click_log = click_log
+        self.pipelines = list(pipelines)
+        self.reinject_dir = reinject_dir
+        self.owner_timeout_ms = owner_timeout_ms
+        self.adapter = adapter or JoinAdapter()
+        self.click_log_creation = click_log_creation
+        self._clock: Clock = clock or wall_clock_ms
+
+    def clicks(self) -> dict[str, Record[Any]]:
+        """The click log: each click id's first record."""
+        first: dict[str, Record[Any]] = {}
+        for record in read_log(self.click_log, self.click_log_creation):
+            first.setdefault(self.adapter.click_id(record), record)
+        return first
+
+    def _lookup(self, clicks: dict[str, Record[Any]], ids: Sequence[str]) -> dict[str, LookupResult]:
+        found: dict[str, LookupResult] = {}
+        for start in range(0, len(ids), LOOKUP_CHUNK):
+            chunk = ids[start:start + LOOKUP_CHUNK]
+            found.update(self.registry.lookup({click_id: clicks[click_id].timestamp for click_id in chunk}))
+        return found
+
+    def run(self) -> VerifierReport:
+        clicks = self.clicks()
+        seen = read_outputs(self.pipelines)
+        report = VerifierReport(clicks=len(clicks), joined=len(seen.joined), unjoinable=len(seen.unjoinable))
+        report.duplicated = sorted(c for c, n in seen.joined.items() if n > 1)
+        report.joined_and_unjoinable = sorted(seen.unjoinable & set(seen.joined))
+        report.unknown = sorted((set(seen.joined) | seen.unjoinable) - set(clicks))
+        unwritten = sorted(c for c in clicks if c not in seen.joined and c not in seen.unjoinable)
+        answers = self._lookup(clicks, unwritten)
+        orphans: dict[str, LookupResult] = {}
+        for click_id in unwritten:
+            answer = answers[click_id]
+            if answer.expired:
+                report.expired.append(click_id)
+            elif not answer.registered:
+                report.unsettled.append(click_id)
+            else:
+                orphans[click_id] = answer
+        now = self._clock()
+        owners = sorted({answer.token.owner for answer in orphans.values() if answer.token is not None})
+        gone = {owner for owner in owners if is_gone(self.registry, owner, self.owner_timeout_ms, now)}
+        for owner in sorted(gone):
+            retire_owner(self.registry, owner)
+        report.retired_owners = sorted(gone)
+        if gone:
+            seen = read_outputs(self.pipelines)  # what a gone owner published before we retired it counts
+        repairs: list[Record[Any]] = []
+        for click_id, answer in orphans.items():
+            if answer.token is None or answer.token.owner not in gone:
+                report.waiting_for_owner.append(click_id)
+            elif click_id in seen.joined or click_id in seen.unjoinable:
+                continue  # written after all
+            elif self.registry.delete(click_id, answer.token, clicks[click_id].timestamp) is DeleteStatus.DELETED:
+                report.repaired.append(click_id)
+                repairs.append(clicks[click_id])
+        if repairs:
+            report.reinjection_file = self._reinject(repairs)
+        return report
+
+    def _reinject(self, records: list[Record[Any]]) -> str:
+        """Write `records` to a new file of the re-injection directory (visible complete: written
+        elsewhere, then renamed), each with a new record id so that no pipeline discards it as a
+        duplicate of the record it already processed."""
+        os.makedirs(self.reinject_dir, exist_ok=True)
+        stamp = self._clock()
+        name = f"reinjected-{stamp}-{os.getpid()}.jsonl"
+        temporary = os.path.join(self.reinject_dir, "." + name)
+        with open(temporary, "w", encoding="utf-8") as out:
+            for record in records:
+                out.write(json.dumps({"key": record.key, "value": record.value, "timestamp": record.timestamp,
+                                      "id": f"reinjected-{stamp}:{record.id}"}) + "\n")
+            out.flush()
+            os.fsync(out.fileno())
+        final = os.path.join(self.reinject_dir, name)
+        os.replace(temporary, final)
+        return final
+
+
+def wait_until_settled(verifier: Verifier, timeout_s: float, every_s: float = 2.0) -> list[VerifierReport]:
+    """Run the verifier every `every_s` seconds until a run finds every click written exactly once, or
+    `timeout_s` passes; returns every run's report."""
+    reports = []
+    deadline = time.time() + timeout_s
+    while True:
+        reports.append(verifier.run())
+        if reports[-1].settled or time.time() > deadline:
+            return reports
+        time.sleep(every_s)
