@@ -10,7 +10,8 @@ moves between tasks (Spark hashes key groups into its state partitions, whose nu
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import uuid
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import xxhash
@@ -104,6 +105,10 @@ class ComputationPlan:
     on_error: ErrorPolicy = ErrorPolicy.FAIL
     exactly_once: bool = True
     key_groups: int = DEFAULT_KEY_GROUPS
+    # Identifies this plan's computation instance across pickling: a runner ships the plan to its
+    # workers in every task, and each task unpickles a new copy of the computation; a worker process
+    # sets the instance up once and runs every later copy's work on that one (spark/operator.py).
+    instance: str = field(default_factory=lambda: uuid.uuid4().hex, compare=False)
 
     @property
     def batched(self) -> bool:

@@ -22,6 +22,7 @@ also sends key group g of B its heartbeat, carrying A's counters for the driver.
 
 from __future__ import annotations
 
+import dataclasses
 from operator import itemgetter
 from typing import Any, Iterator
 
@@ -51,15 +52,21 @@ OUTPUT_SCHEMA = ("key_group int, productions binary, computation string, records
 # A fused (weak) computation's output: its consumer's input rows, plus its own counters.
 FUSED_SCHEMA = "key_group int, bundle binary, rejected binary, plan binary, reports binary"
 
-# Computations whose setup() ran in this worker process (set up once per process, not per task).
-_SET_UP: set[tuple[str, str]] = set()
+# The computation instances set up in this worker process, by plan instance (set up once per process,
+# not per task).
+_SET_UP: dict[str, Any] = {}
 
 
-def _set_up(plan: ComputationPlan) -> None:
-    ident = (plan.pipeline, plan.name)
-    if ident not in _SET_UP:
+def _set_up(plan: ComputationPlan) -> ComputationPlan:
+    """`plan` with the computation instance this process set up. Every task unpickles its own copy of
+    the plan, computation included; the first copy a process sees is set up and kept, and every later
+    task of the same plan runs on it (a copy that was never set up would lack the clients its setup()
+    opens)."""
+    computation = _SET_UP.get(plan.instance)
+    if computation is None:
         plan.computation.setup(ComputationInfo(plan.name, plan.pipeline))
-        _SET_UP.add(ident)
+        computation = _SET_UP[plan.instance] = plan.computation
+    return plan if computation is plan.computation else dataclasses.replace(plan, computation=computation)
 
 
 def group_report(plan: ComputationPlan, group: int, result: StepResult, bytes_written: int) -> dict[str, Any]:
@@ -94,11 +101,10 @@ class _GroupStep:
     """One key group's step inside Spark, shared by both processors."""
 
     def __init__(self, plan: ComputationPlan, root: str, namespace: str, handle: StatefulProcessorHandle) -> None:
-        self.plan, self.root, self.namespace = plan, root, namespace
+        self.plan, self.root, self.namespace = _set_up(plan), root, namespace
         self.head = handle.getValueState("head", "blob binary")
         self.chunks = handle.getMapState("chunks", "id long", "blob binary")
         self.codecs = {i.stream: i.codec for i in plan.inputs}
-        _set_up(plan)
 
     def run(self, group: int, rows: Iterator[Any]) -> tuple[StepResult, int, BatchPlan, list[Any]]:
         items: list[Any] = []
