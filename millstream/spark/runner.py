@@ -42,7 +42,7 @@ from millstream.spark.source import LOG_SCHEMA, Sender, SourcePlan, source_for
 from millstream.spark.storage import Storage, check_no_credentials, is_local
 from millstream.spark.writer import FileSink
 
-__all__ = ["ComputationProgress", "MillstreamRunError", "PipelineProgress", "RootInUse", "SparkRunner"]
+__all__ = ["ComputationProgress", "MillstreamRunError", "PipelineProgress", "RootInUse", "SparkRunner", "read_progress"]
 
 # Failures that say nothing about the pipeline: the query is restarted from its checkpoint.
 _TRANSIENT = ("Python worker failed to connect back", "Timed out while waiting for the Python worker")
@@ -540,33 +540,7 @@ class SparkRunner:
 
     # -- inspection ----------------------------------------------------------------------------
     def progress(self) -> PipelineProgress:
-        result = PipelineProgress()
-        for name in self.plans:
-            status = self.storage.read_json(f"status/{name}/latest.json") or {}
-            metrics = status.get("metrics", {})
-            result.computations[name] = ComputationProgress(
-                low_watermark=status.get("low_watermark", BEGINNING_OF_TIME),
-                input_watermark=status.get("input_watermark", BEGINNING_OF_TIME),
-                records=metrics.get("records", 0),
-                duplicates=metrics.get("duplicates", 0),
-                late=metrics.get("late", 0),
-                timers_fired=metrics.get("timers_fired", 0),
-                productions=metrics.get("productions", 0),
-                dead_letters=metrics.get("dead_letters", 0),
-                pending_timers=metrics.get("pending_timers", 0),
-                batches=status.get("batch", -1) + 1,
-                wall_ms=status.get("wall_ms", 0),
-                next_wall_timer=status.get("next_wall_timer"),
-            )
-            injectors: dict[str, int] = {}
-            for sender, watermark in status.get("senders", {}).items():
-                producer = sender.split("/", 1)[1].split("#", 1)[0]
-                if producer in self.pipeline.injectors:
-                    injectors[producer] = min(injectors.get(producer, END_OF_TIME), watermark)
-            for producer, watermark in injectors.items():
-                injector = result.injectors.setdefault(producer, InjectorProgress())
-                injector.low_watermark = max(injector.low_watermark, watermark)
-        return result
+        return read_progress(self.storage, list(self.plans), set(self.pipeline.injectors))
 
     def watermark_history(self, computation: str) -> list[dict[str, int]]:
         """(batch, low_watermark, input_watermark, wall_ms) per published batch, oldest first."""
@@ -600,6 +574,38 @@ class SparkRunner:
 def _copy_pipeline(pipeline: Pipeline) -> Pipeline:
     return Pipeline(pipeline.name, dict(pipeline.injectors), dict(pipeline.computations), dict(pipeline.sinks),
                     dict(pipeline.codecs))
+
+
+def read_progress(storage: Storage, computations: list[str], injectors: set[str]) -> PipelineProgress:
+    """A pipeline's progress from the status files its driver writes under the root: what
+    `SparkRunner.progress` returns, readable by any process (a command watching drivers it started)."""
+    result = PipelineProgress()
+    for name in computations:
+        status = storage.read_json(f"status/{name}/latest.json") or {}
+        metrics = status.get("metrics", {})
+        result.computations[name] = ComputationProgress(
+            low_watermark=status.get("low_watermark", BEGINNING_OF_TIME),
+            input_watermark=status.get("input_watermark", BEGINNING_OF_TIME),
+            records=metrics.get("records", 0),
+            duplicates=metrics.get("duplicates", 0),
+            late=metrics.get("late", 0),
+            timers_fired=metrics.get("timers_fired", 0),
+            productions=metrics.get("productions", 0),
+            dead_letters=metrics.get("dead_letters", 0),
+            pending_timers=metrics.get("pending_timers", 0),
+            batches=status.get("batch", -1) + 1,
+            wall_ms=status.get("wall_ms", 0),
+            next_wall_timer=status.get("next_wall_timer"),
+        )
+        watermarks: dict[str, int] = {}
+        for sender, watermark in status.get("senders", {}).items():
+            producer = sender.split("/", 1)[1].split("#", 1)[0]
+            if producer in injectors:
+                watermarks[producer] = min(watermarks.get(producer, END_OF_TIME), watermark)
+        for producer, watermark in watermarks.items():
+            injector = result.injectors.setdefault(producer, InjectorProgress())
+            injector.low_watermark = max(injector.low_watermark, watermark)
+    return result
 
 
 def _last_published(log: PublicationLog) -> tuple[int, int]:
