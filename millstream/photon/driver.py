@@ -4,7 +4,7 @@ Runs `millstream.photon.pipeline.run_pipeline` on the spec (see PhotonPipelineSp
 finished. Exit codes: 0 finished; 1 the pipeline failed (one line on stderr, the details in its logs);
 3 refused because the verifier retired its owner name.
 
-A fault `die_after_commit` in the spec kills this driver's process group (driver and JVM) and the
+A fault `die_after_commit` or `die_when` in the spec kills this driver's process group (driver and JVM) and the
 Spark worker's own: start the driver in a process group of its own (`start_new_session=True`).
 """
 
@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=None, help="give up after this many seconds")
     args = parser.parse_args(argv)
     spec = PhotonPipelineSpec.load(args.spec)
-    if spec.faults.die_after_commit and spec.faults.kill_process_group is None:
+    if spec.faults.dies and spec.faults.kill_process_group is None:
         spec = dataclasses.replace(spec, faults=dataclasses.replace(spec.faults, kill_process_group=os.getpgrp()))
     try:
         run_pipeline(spec, timeout_s=args.timeout)

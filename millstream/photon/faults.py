@@ -10,6 +10,8 @@ joiner commits through:
   anything of the micro-batch is written: the click ids are registered to it, the joined events
   exist nowhere. On Spark the whole pipeline is SIGKILLed (its driver's process group, which holds
   the JVM, and the Spark worker's own group); in the in-process harness `PipelineDied` is raised.
+- `die_when=path`: the same, at the first commit call after the file `path` appears (a demo or a test
+  arms it at the moment it chooses).
 
 Each fault that fires appends one JSON line to `record_to` (if given): which fault, which click ids,
 the process, so a test can check that the fault really happened and where.
@@ -48,12 +50,17 @@ class PhotonFaults:
 
     lose_reply_every: int = 0
     die_after_commit: int = 0
+    die_when: str | None = None
     kill_process_group: int | None = None  # the pipeline driver's process group (Spark runs)
     record_to: str | None = None
 
     @property
     def active(self) -> bool:
-        return bool(self.lose_reply_every or self.die_after_commit)
+        return bool(self.lose_reply_every or self.die_after_commit or self.die_when)
+
+    @property
+    def dies(self) -> bool:
+        return bool(self.die_after_commit or self.die_when)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -97,7 +104,8 @@ class FaultyRegistry(IdRegistry):
             self._commits += 1
             number = self._commits
         faults = self.faults
-        if faults.die_after_commit and number == faults.die_after_commit:
+        if (faults.die_after_commit and number == faults.die_after_commit) or (
+                faults.die_when is not None and os.path.exists(faults.die_when)):
             self._record("die_after_commit", claims, outcomes)
             if faults.kill_process_group is not None:
                 # The driver's group holds the driver and its JVM; Spark's Python daemon made a group

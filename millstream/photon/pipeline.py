@@ -125,13 +125,17 @@ def build_photon_pipeline(spec: PhotonPipelineSpec, adapter: JoinAdapter | None 
     adapter = adapter or load_adapter(spec.adapter)
     layout = spec.layout
     creation = spec.log_creation
-    # The re-injection directory is written by the verifier whenever it needs to: its files are
-    # stamped by their modification time, so its watermark follows the clock (1 s to write a file).
+    # The re-injection directory is written rarely (by the verifier), its files named by the time they
+    # are written. Its files' names, not the clock, move its watermark: an injector whose watermark
+    # followed the clock would change its offset at every trigger and make Spark run a micro-batch
+    # each time, for nothing. The price: until the first re-injection, this input holds the
+    # dispatcher's low watermark back (the dispatcher uses no low-watermark timers; its dedup ids
+    # wait to expire).
     pipeline = (
         Pipeline("photon")
         .add_injector("queries", FileInjector(spec.query_log, creation=creation), "queries")
         .add_injector("clicks", FileInjector(spec.click_log, creation=creation), "clicks")
-        .add_injector("reinjected", FileInjector(spec.reinject_dir, creation="mtime", max_write_ms=1_000), "reinjected")
+        .add_injector("reinjected", FileInjector(spec.reinject_dir, creation="name"), "reinjected")
         .add_computation("event_reader", EventReader(layout.event_store, adapter), {"queries": primary_key},
                          on_error="dead_letter")
         .add_computation(
