@@ -1,0 +1,104 @@
+"""The Photon flagship command without Spark: its refusals of bad input (one line, exit 2, nothing
+created, no password shown) and its generator (deterministic, and as hard as promised: long-tailed
+click delays, queries logged after their clicks, queries never logged, clicks logged twice), checked
+from the records in plain Python. The end-to-end runs are in tests/spark/test_photon_spark.py."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from clitools import assert_refused, run  # noqa: E402
+from millstream.apps.photon.generator import PhotonDataConfig, generate, window_files  # noqa: E402
+
+COMMAND = "millstream.apps.photon"
+
+
+@pytest.mark.parametrize("args, phrase", [
+    (["--pipelines", "1"], "--pipelines"),
+    (["--registry", "mysql://db/x"], "unsupported URL scheme"),
+    (["--kill-at", "99", "--seconds", "10"], "--kill-at"),
+    (["--kill-at", "3", "--no-kill"], "contradict"),
+    (["--unjoinable-after", "2"], "--unjoinable-after"),
+    (["--owner-timeout", "1"], "--owner-timeout"),
+    (["--clicks-per-query", "3"], "--clicks-per-query"),
+    (["--qps", "-1"], "--qps"),
+    (["--master", "loacl[2]"], "--master"),
+])
+def test_bad_options_are_refused_in_one_line_before_anything_is_created(tmp_path, args, phrase):
+    data_dir = tmp_path / "photon"
+    ran = run(COMMAND, "--small", "--data-dir", str(data_dir), *args)
+    assert_refused(ran, phrase)
+    assert not data_dir.exists()
+
+
+def test_an_unreachable_postgresql_registry_is_refused_without_showing_its_password(tmp_path):
+    import socket
+
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    data_dir = tmp_path / "photon"
+    ran = run(COMMAND, "--data-dir", str(data_dir), "--registry", f"postgresql://photon:hunter2@127.0.0.1:{port}/ids")
+    line = assert_refused(ran, "--registry", "cannot connect", f"127.0.0.1:{port}")
+    assert "hunter2" not in ran.output and "photon@" in line
+    assert not data_dir.exists()
+
+
+def test_a_data_dir_holding_other_files_is_refused_and_left_alone(tmp_path):
+    (tmp_path / "mine.txt").write_text("keep me")
+    ran = run(COMMAND, "--small", "--data-dir", str(tmp_path))
+    assert_refused(ran, "other files")
+    ran = run(COMMAND, "--small", "--data-dir", str(tmp_path), "--fresh")
+    assert ran.code == 2 and (tmp_path / "mine.txt").read_text() == "keep me"
+
+
+CONFIG = PhotonDataConfig(seed=11, seconds=120, queries_per_second=30, start_ms=1_700_000_000_000)
+
+
+def test_the_generator_is_deterministic_and_another_seed_gives_other_logs():
+    assert generate(CONFIG) == generate(CONFIG)
+    other = generate(PhotonDataConfig(**{**CONFIG.to_json(), "seed": 12}))
+    assert [c.key for c in other.clicks] != [c.key for c in generate(CONFIG).clicks]
+
+
+def test_the_generated_logs_are_as_hard_as_the_config_says():
+    data = generate(CONFIG)
+    queries = {q.key: q for q in data.queries}
+    assert len(data.queries) == 120 * 30 and len(set(queries)) == len(data.queries)  # unique query ids
+    first_click: dict[str, int] = {}
+    delays, copies = [], {}
+    for c in data.clicks:
+        query = queries[c.value["query_id"]]
+        copies.setdefault(c.key, []).append(c)
+        first_click[query.key] = min(first_click.get(query.key, c.timestamp), c.timestamp)
+        assert c.timestamp > query.timestamp and c.logged_at_ms >= c.timestamp
+    for key, records in copies.items():
+        assert len({r.id for r in records}) == len(records)  # a duplicate is another record of the same click
+        delays.append(records[0].timestamp - queries[records[0].value["query_id"]].timestamp)
+    clicked = {c.value["query_id"] for c in data.clicks}
+    n = len(clicked)
+    late = [q for q in clicked if queries[q].logged_at_ms is not None and queries[q].logged_at_ms > first_click[q]]
+    lost = [q for q in clicked if queries[q].logged_at_ms is None]
+    duplicated = [k for k, records in copies.items() if len(records) == 2]
+    assert 0.02 * n < len(late) < 0.09 * n and 0.01 * n < len(lost) < 0.06 * n
+    assert 0.01 * len(copies) < len(duplicated) < 0.06 * len(copies)
+    assert all(len(records) <= 2 for records in copies.values())
+    assert not [q for q in data.queries if q.key not in clicked and q.logged_at_ms is None]  # only clicked ones get lost
+    delays.sort()
+    median, p99 = delays[len(delays) // 2], delays[int(0.99 * len(delays))]
+    assert 1_000 < median < 2_200 and p99 > 8 * median  # a long tail
+    assert max(delays) <= CONFIG.max_click_delay_ms
+
+
+def test_every_logged_record_lands_in_exactly_one_window_file_of_its_logging_time():
+    config = PhotonDataConfig(seed=3, seconds=20, queries_per_second=10, start_ms=1_700_000_000_000)
+    data = generate(config)
+    windows = window_files(data.clicks, config, "clicks")
+    placed = [(start, r) for start, records in windows.items() for r in records]
+    assert sorted(r.id for _, r in placed) == sorted(c.id for c in data.clicks)
+    assert all(start <= r.logged_at_ms < start + config.file_every_ms for start, r in placed)
