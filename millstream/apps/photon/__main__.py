@@ -37,9 +37,9 @@ MIN_UNJOINABLE_AFTER_S = 12.0  # a query logged up to 6 s after its click, plus 
 
 
 # Defaults of the options --small changes (a run of about a minute of traffic, for tests and a quick look).
-FULL = {"seconds": 60.0, "qps": 30.0, "max_click_delay": 30.0, "restart_after": 15.0, "unjoinable_after": 20.0,
+FULL = {"seconds": 60.0, "qps": 30.0, "clicks_per_query": 0.4, "max_click_delay": 30.0, "restart_after": 15.0, "unjoinable_after": 20.0,
         "owner_timeout": 10.0}
-SMALL = {"seconds": 16.0, "qps": 8.0, "max_click_delay": 6.0, "restart_after": 5.0,
+SMALL = {"seconds": 16.0, "qps": 8.0, "clicks_per_query": 0.8, "max_click_delay": 6.0, "restart_after": 5.0,
          "unjoinable_after": MIN_UNJOINABLE_AFTER_S, "owner_timeout": 5.0}
 
 
@@ -52,7 +52,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seconds", type=positive_float, default=None,
                         help="seconds of query traffic (clicks follow for up to --max-click-delay more; default 60)")
     parser.add_argument("--qps", type=positive_float, default=None, help="queries per second (default 30)")
-    parser.add_argument("--clicks-per-query", type=float, default=defaults.clicks_per_query,
+    parser.add_argument("--clicks-per-query", type=float, default=None,
                         help=f"mean clicks per query, 0 to 2 (default {defaults.clicks_per_query:g})")
     parser.add_argument("--max-click-delay", type=positive_float, default=None,
                         help="longest click delay in seconds, the tail of the distribution (default 30)")
@@ -65,7 +65,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--registry-namespace", default="photon",
                         help="table prefix in a PostgreSQL registry (default %(default)s)")
     parser.add_argument("--kill-at", type=positive_float, default=None,
-                        help="seconds into the traffic when pipeline 1 dies after its next registry commit "
+                        help="seconds into the traffic when the pipeline ahead (most clicks joined) dies right after its next "
+                             "registry commit, before writing them "
                              "(default: 40%% of --seconds)")
     parser.add_argument("--no-kill", action="store_true", help="kill nothing")
     parser.add_argument("--restart-after", type=positive_float, default=None,
@@ -187,7 +188,7 @@ def _main(argv: list[str] | None) -> int:
         unjoinable_after_ms=int(args.unjoinable_after * 1000), owner_timeout_ms=int(args.owner_timeout * 1000),
         dispatch_shards=args.dispatch_shards, master=args.master, trigger_ms=args.trigger_ms, timeout_s=args.timeout)
     kill = ("no kill" if options.kill_at_s is None else
-            f"photon-a dies after a registry commit at {options.kill_at_s:g} s, "
+            f"the pipeline ahead at {options.kill_at_s:g} s dies right after its next registry commit, "
             + ("never restarted" if options.restart_after_s is None else f"restarted {options.restart_after_s:g} s later"))
     print(f"Photon: {args.pipelines} redundant pipelines on Spark ({args.master} each), registry "
           f"{url.split('://')[0]}; {args.seconds:g} s of traffic at {args.qps:g} queries/s; {kill}")

@@ -2,7 +2,7 @@
 
     start N pipeline drivers (python -m millstream.photon.driver), wait until each has run a batch
     write the query and click logs live (generator.LogWriter)
-        at --kill-at: pipeline 1 dies right after its next registry commit (SIGKILL of its processes)
+        at --kill-at: the pipeline ahead dies right after its next registry commit (SIGKILL of its processes)
         --restart-after later: it is started again on its root (or never)
         at 60% of the traffic: the registry is resharded while everything runs
     once the logs are done: the verifier, every few seconds, until every click is written exactly once
@@ -26,7 +26,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from millstream.apps.photon.generator import LogWriter, PhotonData, PhotonDataConfig, generate
-from millstream.apps.photon.report import RegistryLoad, Truth, check_outputs, join_latencies_ms, latency_summary
+from millstream.apps.photon.report import (RegistryLoad, Truth, batch_cadence, check_outputs, join_latencies_ms,
+                                           latency_summary)
 from millstream.console.progress import ComputationStatus, ProgressDisplay, Snapshot, format_duration
 from millstream.console.running import RunFailed
 from millstream.injectors.files import DONE_MARKER
@@ -40,6 +41,7 @@ from millstream.photon.verifier import VerifierReport
 
 STARTUP_LIMIT_S = 420.0  # two Spark drivers starting at once on a loaded 2-core machine
 FINISH_LIMIT_S = 240.0
+KILL_WAIT_S = 60.0  # after arming the kill, how long to wait for the victim's next registry commit
 VERIFY_EVERY_S = 3.0
 GC_REPLAYS = 10
 
@@ -178,18 +180,19 @@ class PhotonDemo:
         self.writer: LogWriter | None = None
         self.data: PhotonData | None = None
         self.config = options.data
-        self.kill_file = self.layout.path("kill-switch")
+        self.victim: Driver | None = None  # the pipeline chosen to die (the leader when the kill is armed)
         self.views = [self._view(index) for index in range(options.pipelines)]
         self.verifier_reports: list[VerifierReport] = []
         self.killed_at: float | None = None
         self.restarted = False
+        self.replayed = 0  # old clicks replayed after GC (counted in the progress's total)
 
     # -- setting up ---------------------------------------------------------------------------------
     def _spec(self, index: int) -> PhotonPipelineSpec:
         options, layout = self.options, self.layout
         owner = owner_name(index)
         faults = PhotonFaults(lose_reply_every=options.lose_reply_every,
-                              die_when=self.kill_file if index == 0 and options.kill_at_s is not None else None,
+                              die_when=self.kill_file(owner) if options.kill_at_s is not None else None,
                               record_to=layout.path(owner, "faults.jsonl"))
         return PhotonPipelineSpec(
             owner, layout.path(owner), layout.query_log, layout.click_log, layout.reinject_dir, options.registry_url,
@@ -197,6 +200,10 @@ class PhotonDemo:
             retry=RetryPolicy(first_retry_ms=250, max_retry_ms=4_000, unjoinable_after_ms=options.unjoinable_after_ms),
             dispatch_shards=options.dispatch_shards, max_disorder_ms=options.data.late_query_max_ms
             + options.data.max_click_delay_ms, master=options.master, trigger_ms=options.trigger_ms, faults=faults)
+
+    def kill_file(self, owner: str) -> str:
+        """The file whose appearance makes `owner` die after its next registry commit."""
+        return self.layout.path(f"kill-switch-{owner}")
 
     def _view(self, index: int) -> PipelineView:
         spec = self._spec(index)
@@ -247,15 +254,19 @@ class PhotonDemo:
 
     def _start_pipelines(self) -> None:
         self.phase = "starting Spark"
+        deadline = time.time() + STARTUP_LIMIT_S
+        # One driver at a time: each query's first batch starts Python workers that must connect back
+        # to the JVM within Spark's fixed timeout, which several drivers starting at once on a small,
+        # busy machine can miss.
         for view in self.views:
             view.driver.start()
-        deadline = time.time() + STARTUP_LIMIT_S
-        while not all(self._ready(view) for view in self.views):
-            self._check_drivers(set())
-            self._deadline_check()
-            if time.time() > deadline:
-                raise RunFailed(f"the pipelines did not start within {STARTUP_LIMIT_S:g} s; see their driver.log files")
-            time.sleep(0.5)
+            while not self._ready(view):
+                self._check_drivers(set())
+                self._deadline_check()
+                if time.time() > deadline:
+                    raise RunFailed(f"the pipelines did not start within {STARTUP_LIMIT_S:g} s; see their "
+                                    "driver.log files")
+                time.sleep(0.5)
         self.note(f"{len(self.views)} pipelines running ({', '.join(v.driver.owner for v in self.views)}), "
                   f"each its own Spark driver")
 
@@ -274,24 +285,31 @@ class PhotonDemo:
         self.note(f"traffic started: {len(self.data.queries):,} queries, {len(self.data.clicks):,} click records "
                   f"over {self.config.seconds:g} s (+ the clicks' tail)")
         armed = resharded = False
-        victim = self.views[0].driver
-        while not self.writer.done or (self.options.restart_after_s is not None and self.killed_at is not None
-                                       and not self.restarted):
+        armed_at = 0.0
+        kill = self.options.kill_at_s is not None
+        while not self.writer.done or (kill and self.killed_at is None) or (
+                self.options.restart_after_s is not None and self.killed_at is not None and not self.restarted):
             if self.writer.error is not None:
                 raise RunFailed(f"the log writer failed: {self.writer.error}")
             now = self.elapsed_traffic()
-            if self.options.kill_at_s is not None and not armed and now >= self.options.kill_at_s:
-                open(self.kill_file, "w").close()
+            if kill and not armed and now >= self.options.kill_at_s:  # type: ignore[operator]
+                self.victim = self._leader()
+                open(self.kill_file(self.victim.owner), "w").close()
                 armed, armed_at = True, time.time()
-            if armed and self.killed_at is None:
+                self.note(f"kill armed: {self.victim.owner} (the pipeline ahead) dies right after its next registry "
+                          "commit")
+            victim = self.victim
+            if armed and victim is not None and self.killed_at is None:
                 if not victim.alive:
                     self._died(victim)
-                elif time.time() - armed_at > 30:  # no commit came: kill it from outside
+                elif time.time() - armed_at > KILL_WAIT_S:  # no commit came: kill it from outside
                     victim.kill()
                     self._died(victim, outside=True)
-            if self.killed_at is not None and not self.restarted and self.options.restart_after_s is not None \
+            if victim is not None and self.killed_at is not None and not self.restarted \
+                    and self.options.restart_after_s is not None \
                     and time.time() - self.killed_at >= self.options.restart_after_s:
-                victim.start(victim.spec.without_faults())
+                faults = replace(victim.spec.faults, die_when=None, die_after_commit=0)
+                victim.start(replace(victim.spec, faults=faults))
                 self.restarted = True
                 self.note(f"{victim.owner} restarted on its root (same owner name): it re-runs the batch it died in")
             if self.options.reshard_to and not resharded and now >= 0.6 * self.config.seconds:
@@ -300,11 +318,26 @@ class PhotonDemo:
                 resharded = True
                 self.note(f"registry resharded while running: {before} -> {entry.shard_count} shards for ids stamped "
                           f"from {entry.effective_from_ms - self.config.start_ms} ms of traffic on (now + 2 s)")
-            self._check_drivers({victim.owner} if self.killed_at is not None and not self.restarted else set())
+            self._check_drivers(self._dead())
             self._deadline_check()
             self._update()
             time.sleep(0.5)
         self.note("the query and click logs are complete")
+
+    def _leader(self) -> Driver:
+        """The pipeline that has joined the most clicks so far (ties: the one that read the most): a
+        pipeline that lags finds every click registered by the other and commits nothing, so it could
+        never die right after a commit."""
+        def lead(view: PipelineView) -> tuple[int, int]:
+            return len(view.joined_records), _progress(view.driver.spec).computations["dispatcher"].records
+
+        return max(self.views, key=lead).driver
+
+    def _dead(self) -> set[str]:
+        """The owners allowed to be dead now: the victim, between its death and its restart (or for good)."""
+        if self.victim is not None and self.killed_at is not None and not self.restarted:
+            return {self.victim.owner}
+        return set()
 
     def _died(self, victim: Driver, outside: bool = False) -> None:
         self.killed_at = time.time()
@@ -328,7 +361,7 @@ class PhotonDemo:
     def _verify(self, registry: IdRegistry) -> None:
         self.phase = "verifying"
         verifier = self._verifier(registry)
-        dead = {self.views[0].driver.owner} if self.killed_at is not None and not self.restarted else set()
+        dead = self._dead()
         while True:
             self._update()
             report = verifier.run()
@@ -359,6 +392,7 @@ class PhotonDemo:
                                       "id": f"replayed:{c.id}"}) + "\n")
         os.replace(os.path.join(self.layout.reinject_dir, "." + name), os.path.join(self.layout.reinject_dir, name))
         replayed = {c.key for c in old}
+        self.replayed = len(old)
         deadline = time.time() + 120
         live = [v for v in self.views if v.driver.alive]
         while time.time() < deadline:
@@ -384,7 +418,7 @@ class PhotonDemo:
             if time.time() > deadline:
                 raise RunFailed(f"the pipelines did not finish within {FINISH_LIMIT_S:g} s of the end of the logs")
             time.sleep(0.5)
-        self._check_drivers({self.views[0].driver.owner} if not self.restarted else set())
+        self._check_drivers(self._dead())
         self.note("the pipelines finished")
 
     # -- progress -------------------------------------------------------------------------------------
@@ -415,7 +449,7 @@ class PhotonDemo:
         states = []
         for view in self.views:
             driver = view.driver
-            state = "running" if driver.alive else ("killed" if self.killed_at and driver is self.views[0].driver
+            state = "running" if driver.alive else ("killed" if self.killed_at and driver is self.victim
                                                     else "stopped")
             states.append((driver.owner, state + (" (restarted)" if driver.starts > 1 and driver.alive else "")))
         totals = (
@@ -427,7 +461,7 @@ class PhotonDemo:
             *states,
         )
         newest = int(time.time() * 1000) if self.config.start_ms else None
-        return Snapshot(clicks_in, tuple(rows), total=len(self.data.clicks) if self.data else None,
+        return Snapshot(clicks_in, tuple(rows), total=len(self.data.clicks) + self.replayed if self.data else None,
                         newest_event=newest, totals=totals, phase=self.phase)
 
     def latencies(self) -> dict[str, Any]:
@@ -462,6 +496,8 @@ class PhotonDemo:
             "check": {**check.__dict__},
             "stats": total.to_json(),
             "per_pipeline": {v.driver.owner: v.totals().to_json() for v in self.views},
+            "batches": {v.driver.owner: batch_cadence(_batch_times(v.driver.spec), self.config.start_ms,
+                                                      self.config.traffic_end_ms) for v in self.views},
             "registry": {**load.__dict__, "ids_per_second": load.ids_per_second},
             "verifier": [r.to_json() for r in self.verifier_reports if r.repaired or r.settled],
             "gc": gc,
@@ -471,6 +507,15 @@ class PhotonDemo:
         with open(self.layout.path("report.json"), "w", encoding="utf-8") as out:
             json.dump(report, out, indent=1)
         return report
+
+
+def _batch_times(spec: PhotonPipelineSpec) -> list[int]:
+    """When each of the dispatcher's published micro-batches ran (wall ms), oldest first."""
+    from millstream.spark.storage import Storage
+
+    status = Storage(spec.layout.run_root).child("status/dispatcher")
+    entries = (status.read_json(f"history/{name}") for name in status.list("history") if name.endswith(".json"))
+    return sorted(entry["wall_ms"] for entry in entries if entry is not None and entry.get("wall_ms"))
 
 
 def _progress(spec: PhotonPipelineSpec) -> Any:

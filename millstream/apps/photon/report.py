@@ -154,6 +154,19 @@ def latency_summary(latencies_ms: Sequence[int]) -> dict[str, float | None]:
             "within_7s": within}
 
 
+def batch_cadence(times_ms: Sequence[int], start_ms: int, end_ms: int) -> dict[str, float | int | None]:
+    """How often a pipeline's dispatcher ran a micro-batch while clicks came in (between `start_ms` and
+    `end_ms`): the number of batches and the mean seconds between them. A click waits for the next
+    batch to be read, and for the batch to be committed to be delivered, so this bounds its latency.
+
+    >>> batch_cadence([0, 5_000, 10_000, 11_000, 13_000, 40_000], 4_000, 14_000)
+    {'batches': 4, 'mean_interval_s': 2.7}
+    """
+    during = [t for t in times_ms if start_ms <= t <= end_ms]
+    gaps = [(b - a) / 1000 for a, b in zip(during, during[1:])]
+    return {"batches": len(during), "mean_interval_s": round(sum(gaps) / len(gaps), 1) if gaps else None}
+
+
 def _s(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}s"
 
@@ -180,6 +193,10 @@ def format_report(report: Mapping[str, Any]) -> list[str]:
         f"p90 {_fmt(load['batch_sizes']['p90'])} max {_fmt(load['batch_sizes']['max'])}; "
         f"{load['lookup_ids']:,} ids looked up in {load['lookup_calls']:,} calls",
     ]
+    cadence = report.get("batches") or {}
+    if cadence:
+        lines.append("dispatcher micro-batches while clicks came in: " + ", ".join(
+            f"{owner} {c['batches']} (every {_fmt(c['mean_interval_s'])} s)" for owner, c in cadence.items()))
     lines += [f"  {line}" for line in report.get("events", [])]
     return lines
 
