@@ -10,8 +10,9 @@ joiner commits through:
   anything of the micro-batch is written: the click ids are registered to it, the joined events
   exist nowhere. On Spark the whole pipeline is SIGKILLed (its driver's process group, which holds
   the JVM, and the Spark worker's own group); in the in-process harness `PipelineDied` is raised.
-- `die_when=path`: the same, at the first commit call after the file `path` appears (a demo or a test
-  arms it at the moment it chooses).
+- `die_when=path`: the same, at the first commit call after the file `path` appears that registered
+  at least one click id (a death after a commit that registered nothing would leave nothing to
+  repair); a demo or a test arms it at the moment it chooses.
 
 Each fault that fires appends one JSON line to `record_to` (if given): which fault, which click ids,
 the process, so a test can check that the fault really happened and where.
@@ -105,7 +106,7 @@ class FaultyRegistry(IdRegistry):
             number = self._commits
         faults = self.faults
         if (faults.die_after_commit and number == faults.die_after_commit) or (
-                faults.die_when is not None and os.path.exists(faults.die_when)):
+                faults.die_when is not None and any(o.committed for o in outcomes) and os.path.exists(faults.die_when)):
             self._record("die_after_commit", claims, outcomes)
             if faults.kill_process_group is not None:
                 # The driver's group holds the driver and its JVM; Spark's Python daemon made a group

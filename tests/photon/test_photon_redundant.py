@@ -184,3 +184,25 @@ def test_verifier_reads_both_pipelines_outputs_and_finds_a_click_joined_twice(tm
         report = Verifier(registry, log, [PipelineLayout(os.path.join(base, o)) for o in ("photon-a", "photon-b")],
                           os.path.join(base, "reinjected")).run()
     assert report.duplicated == ["c-1"] and not report.consistent
+
+
+def test_the_armed_death_waits_for_a_commit_that_registers_something(tmp_path):
+    """The fault the command uses to kill a pipeline (die_when): nothing before the file appears, no
+    death at a commit that registered nothing (there would be nothing to repair), then death right
+    after the first commit that registered ids, which stay registered to the dead pipeline's token."""
+    from millstream.photon import Claim, Token, open_registry
+    from millstream.photon.faults import FaultyRegistry, PipelineDied
+
+    switch, record = str(tmp_path / "kill-switch"), str(tmp_path / "faults.jsonl")
+    mine, theirs = Token("photon-a", "1/r"), Token("photon-b", "1/r")
+    with open_registry("sqlite:///" + str(tmp_path / "ids.db")) as backend:
+        faulty = FaultyRegistry(backend, PhotonFaults(die_when=switch, record_to=record))
+        assert faulty.commit_each([Claim("c-1", mine, T0)])[0].committed  # not armed yet
+        open(switch, "w").close()
+        backend.commit_each([Claim("c-2", theirs, T0)])
+        assert not faulty.commit_each([Claim("c-2", mine, T0)])[0].committed  # armed, but nothing registered
+        with pytest.raises(PipelineDied):
+            faulty.commit_each([Claim("c-2", mine, T0), Claim("c-3", mine, T0)])
+        assert backend.lookup({"c-3": T0})["c-3"].token == mine
+    deaths = read_fault_records(record)
+    assert [d["fault"] for d in deaths] == ["die_after_commit"] and deaths[0]["committed"] == ["c-3"]
