@@ -40,7 +40,7 @@ MIN_UNJOINABLE_AFTER_S = 12.0  # a query logged up to 6 s after its click, plus 
 FULL = {"seconds": 60.0, "qps": 30.0, "clicks_per_query": 0.4, "max_click_delay": 30.0, "restart_after": 15.0, "unjoinable_after": 20.0,
         "owner_timeout": 10.0}
 SMALL = {"seconds": 16.0, "qps": 8.0, "clicks_per_query": 0.8, "max_click_delay": 6.0, "restart_after": 5.0,
-         "unjoinable_after": MIN_UNJOINABLE_AFTER_S, "owner_timeout": 5.0}
+         "unjoinable_after": MIN_UNJOINABLE_AFTER_S, "owner_timeout": 8.0}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

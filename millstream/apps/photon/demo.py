@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 from millstream.apps.photon.generator import LogWriter, PhotonData, PhotonDataConfig, generate
 from millstream.apps.photon.report import (RegistryLoad, Truth, batch_cadence, check_outputs, join_latencies_ms,
-                                           latency_summary)
+                                           latency_parts_ms, latency_summary)
 from millstream.console.progress import ComputationStatus, ProgressDisplay, Snapshot, format_duration
 from millstream.console.running import RunFailed
 from millstream.injectors.files import DONE_MARKER
@@ -44,6 +44,7 @@ FINISH_LIMIT_S = 240.0
 KILL_WAIT_S = 60.0  # after arming the kill, how long to wait for the victim's next registry commit
 VERIFY_EVERY_S = 3.0
 GC_REPLAYS = 10
+GC_ANSWER_LIMIT_S = 240.0
 
 
 @dataclass(frozen=True)
@@ -185,6 +186,8 @@ class PhotonDemo:
         self.verifier_reports: list[VerifierReport] = []
         self.killed_at: float | None = None
         self.restarted = False
+        self.restarted_ms = 0
+        self.victim_batches = 0
         self.replayed = 0  # old clicks replayed after GC (counted in the progress's total)
 
     # -- setting up ---------------------------------------------------------------------------------
@@ -288,7 +291,8 @@ class PhotonDemo:
         armed_at = 0.0
         kill = self.options.kill_at_s is not None
         while not self.writer.done or (kill and self.killed_at is None) or (
-                self.options.restart_after_s is not None and self.killed_at is not None and not self.restarted):
+                self.options.restart_after_s is not None and self.killed_at is not None and not self.restarted) or (
+                self.restarted and not self._back(registry)):
             if self.writer.error is not None:
                 raise RunFailed(f"the log writer failed: {self.writer.error}")
             now = self.elapsed_traffic()
@@ -310,7 +314,7 @@ class PhotonDemo:
                     and time.time() - self.killed_at >= self.options.restart_after_s:
                 faults = replace(victim.spec.faults, die_when=None, die_after_commit=0)
                 victim.start(replace(victim.spec, faults=faults))
-                self.restarted = True
+                self.restarted, self.restarted_ms = True, int(time.time() * 1000)
                 self.note(f"{victim.owner} restarted on its root (same owner name): it re-runs the batch it died in")
             if self.options.reshard_to and not resharded and now >= 0.6 * self.config.seconds:
                 before = registry.sharding().entries[-1].shard_count
@@ -333,6 +337,16 @@ class PhotonDemo:
 
         return max(self.views, key=lead).driver
 
+    def _back(self, registry: IdRegistry) -> bool:
+        """Whether the restarted victim is running again: a heartbeat since its restart, and its
+        dispatcher has published a micro-batch since (the one it died in, run again). Until then the
+        verifier must not run (it could take the owner for gone and retire it while Spark starts), and
+        nothing may wait on the victim's answers with a deadline meant for a running pipeline."""
+        assert self.victim is not None
+        seen = registry.owner_last_seen(self.victim.owner)
+        dispatcher = _progress(self.victim.spec).computations["dispatcher"]
+        return seen is not None and seen >= self.restarted_ms and dispatcher.batches > self.victim_batches
+
     def _dead(self) -> set[str]:
         """The owners allowed to be dead now: the victim, between its death and its restart (or for good)."""
         if self.victim is not None and self.killed_at is not None and not self.restarted:
@@ -341,6 +355,7 @@ class PhotonDemo:
 
     def _died(self, victim: Driver, outside: bool = False) -> None:
         self.killed_at = time.time()
+        self.victim_batches = _progress(victim.spec).computations["dispatcher"].batches  # published before death
         fired = [f for f in read_fault_records(os.path.join(victim.spec.directory, "faults.jsonl"))
                  if f["fault"] == "die_after_commit"]
         if outside or not fired:
@@ -393,7 +408,7 @@ class PhotonDemo:
         os.replace(os.path.join(self.layout.reinject_dir, "." + name), os.path.join(self.layout.reinject_dir, name))
         replayed = {c.key for c in old}
         self.replayed = len(old)
-        deadline = time.time() + 120
+        deadline = time.time() + GC_ANSWER_LIMIT_S
         live = [v for v in self.views if v.driver.alive]
         while time.time() < deadline:
             self._update()
@@ -403,7 +418,7 @@ class PhotonDemo:
                 break
             time.sleep(1.0)
         else:
-            raise RunFailed("replayed old clicks were not answered 'expired' within 120 s")
+            raise RunFailed(f"replayed old clicks were not answered 'expired' within {GC_ANSWER_LIMIT_S:g} s")
         self.note(f"GC: boundary at {boundary - self.config.start_ms} ms of traffic, {result.deleted} ids deleted; "
                   f"{len(replayed)} old clicks replayed: answered 'expired' and skipped by every live pipeline")
         return {"boundary_ms": boundary, "deleted": result.deleted, "replayed": sorted(replayed)}
@@ -493,6 +508,8 @@ class PhotonDemo:
                         "trigger_ms": self.options.trigger_ms},
             "latency": latency_summary(latencies),
             "latencies_ms": latencies,
+            "latency_parts": {name: latency_summary(values) for name, values in
+                              latency_parts_ms(truth, self.writer.visible_ms, joined).items()},
             "check": {**check.__dict__},
             "stats": total.to_json(),
             "per_pipeline": {v.driver.owner: v.totals().to_json() for v in self.views},

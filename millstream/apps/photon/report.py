@@ -117,6 +117,27 @@ def join_latencies_ms(truth: Truth, visible_ms: Mapping[str, int], joined: Itera
     return latencies
 
 
+def latency_parts_ms(truth: Truth, visible_ms: Mapping[str, int], joined: Iterable[SinkRecord]) -> dict[str, list[int]]:
+    """Where each joined click's latency went (its first delivery): `read` from its log file appearing
+    to the dispatcher first seeing it (the micro-batch that read it), `join` from then to the joined
+    event being produced (retries while the query was not in the EventStore), `deliver` from then to
+    the sink file appearing (the rest of the micro-batch, Spark's commit, the publication)."""
+    first: dict[str, SinkRecord] = {}
+    for record in joined:
+        if record.key not in first or record.delivered_ms < first[record.key].delivered_ms:
+            first[record.key] = record
+    parts: dict[str, list[int]] = {"read": [], "join": [], "deliver": []}
+    for click_id, record in first.items():
+        appeared = visible_ms.get(truth.first_record.get(click_id, ""))
+        seen, produced = record.value.get("first_seen_ms"), record.value.get("joined_ms")
+        if appeared is None or seen is None or produced is None:
+            continue
+        parts["read"].append(seen - appeared)
+        parts["join"].append(produced - seen)
+        parts["deliver"].append(record.delivered_ms - produced)
+    return parts
+
+
 @dataclass
 class RegistryLoad:
     """What the dispatchers asked of the registry during the run."""
@@ -193,6 +214,12 @@ def format_report(report: Mapping[str, Any]) -> list[str]:
         f"p90 {_fmt(load['batch_sizes']['p90'])} max {_fmt(load['batch_sizes']['max'])}; "
         f"{load['lookup_ids']:,} ids looked up in {load['lookup_calls']:,} calls",
     ]
+    parts = report.get("latency_parts") or {}
+    if parts:
+        lines.append("where the latency goes (p50/p90): " + ", ".join(
+            f"{name} {_s(p['p50_s'])}/{_s(p['p90_s'])}" for name, p in parts.items())
+            + " (read: log file -> the micro-batch reading it; join: retries until the query is found; "
+              "deliver: the batch's end, Spark's commit, publication)")
     cadence = report.get("batches") or {}
     if cadence:
         lines.append("dispatcher micro-batches while clicks came in: " + ", ".join(
