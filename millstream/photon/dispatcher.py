@@ -85,8 +85,8 @@ class RetryPolicy:
             raise ValueError("need 1 <= first_retry_ms <= max_retry_ms and unjoinable_after_ms >= 0")
 
     def delay_ms(self, attempts: int, click_id: str) -> int:
-        base = min(self.max_retry_ms, self.first_retry_ms * 2 ** max(0, attempts - 1))
-        return base + xxhash.xxh3_64_intdigest(f"{click_id}/{attempts}".encode()) % (base // 4 + 1)
+        base = min(self.max_retry_ms, self.first_retry_ms << max(0, attempts - 1))  # first * 2**(attempts-1)
+        return base + int(xxhash.xxh3_64_intdigest(f"{click_id}/{attempts}".encode())) % (base // 4 + 1)
 
 
 @dataclass

@@ -243,7 +243,8 @@ class Joiner:
             if to_commit:
                 claims = [requests[index].claim() for index, _ in to_commit]
                 outcomes, calls, retries = self._commit(claims)
-                for (index, joined), outcome in zip(to_commit, outcomes or [None] * len(to_commit)):
+                none: list[CommitOutcome | None] = [None] * len(to_commit)
+                for (index, joined), outcome in zip(to_commit, outcomes or none):
                     results[index] = self._result(requests[index], outcome, joined)
             return JoinBatch([r for r in results if r is not None], calls, len(to_commit), retries)
         finally:
@@ -254,8 +255,8 @@ class Joiner:
         (the requests carry unjoinable tokens). JOINED means this pipeline decided it; WASTED that
         another decided first (joined or unjoinable); RECLAIMED an earlier decision of its own."""
         outcomes, calls, retries = self._commit([request.claim() for request in requests])
-        results = [self._result(request, outcome, None)
-                   for request, outcome in zip(requests, outcomes or [None] * len(requests))]
+        none: list[CommitOutcome | None] = [None] * len(requests)
+        results = [self._result(request, outcome, None) for request, outcome in zip(requests, outcomes or none)]
         return JoinBatch(results, calls, len(requests), retries)
 
     def _commit(self, claims: list[Claim]) -> tuple[list[CommitOutcome] | None, int, int]:

@@ -31,7 +31,6 @@ from millstream.apps.photon.report import (RegistryLoad, Truth, batch_cadence, c
 from millstream.console.progress import ComputationStatus, ProgressDisplay, Snapshot, format_duration
 from millstream.console.running import RunFailed
 from millstream.injectors.files import DONE_MARKER
-from millstream.model.records import BEGINNING_OF_TIME
 from millstream.photon import IdRegistry, PhotonFaults, PhotonPipelineSpec, RetryPolicy, Verifier, open_registry
 from millstream.photon.dispatcher import DispatchStats
 from millstream.photon.faults import read_fault_records
@@ -542,4 +541,4 @@ def _progress(spec: PhotonPipelineSpec) -> Any:
     return read_progress(Storage(spec.layout.run_root), list(COMPUTATIONS), set(INJECTORS))
 
 
-__all__ = ["BEGINNING_OF_TIME", "DemoLayout", "DemoOptions", "Driver", "PhotonDemo", "owner_name"]
+__all__ = ["DemoLayout", "DemoOptions", "Driver", "PhotonDemo", "owner_name"]

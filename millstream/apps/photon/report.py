@@ -16,7 +16,7 @@ import io
 import json
 import math
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
 from millstream.apps.photon.generator import PhotonData
@@ -50,7 +50,9 @@ class Truth:
     @classmethod
     def of(cls, data: PhotonData) -> "Truth":
         logged_queries = {q.key for q in data.queries if q.logged_at_ms is not None}
-        joinable, unjoinable, first = set(), set(), {}
+        joinable: set[str] = set()
+        unjoinable: set[str] = set()
+        first: dict[str, str] = {}
         for record in sorted(data.clicks, key=lambda r: (r.logged_at_ms or 0, r.id)):
             first.setdefault(record.key, record.id)
             (joinable if record.value["query_id"] in logged_queries else unjoinable).add(record.key)
@@ -263,7 +265,3 @@ def write_html(path: str, report: Mapping[str, Any], latencies_ms: Sequence[int]
         out.write(f"<!doctype html><meta charset='utf-8'><title>Photon on millstream</title>"
                   f"<h1>Photon on millstream</h1>{body}<img src='data:image/png;base64,{image}'>"
                   f"<pre>{html.escape(json.dumps(report, indent=1, default=str))}</pre>")
-
-
-def as_json(value: Any) -> Any:
-    return asdict(value) if hasattr(value, "__dataclass_fields__") else value
