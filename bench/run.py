@@ -50,6 +50,13 @@ def _n(value: Any) -> str:
     return f"{value:,.0f}" if isinstance(value, (int, float)) else str(value)
 
 
+def _failure(stderr: str) -> str:
+    """The line of a benchmark's stderr that says what failed: its last error or exception line."""
+    lines = [line.strip() for line in stderr.strip().splitlines() if line.strip()]
+    named = [line for line in lines if "Error" in line or "Exception" in line]
+    return ((named or lines or ["?"])[-1])[:200].replace("|", "/")
+
+
 def table(results: dict[str, dict]) -> str:
     lines = ["| benchmark | measurement | value | target | verdict |", "|---|---|---|---|---|"]
 
@@ -59,8 +66,7 @@ def table(results: dict[str, dict]) -> str:
 
     for name, result in results.items():
         if "error" in result:
-            add(name, "failed", result["error"].strip().splitlines()[-1][:200] if result["error"].strip() else "?",
-                "", False)
+            add(name, "failed", _failure(result["error"]), "", False)
 
     core = results.get("core", {})
     if "core_records_per_s" in core:
@@ -85,10 +91,13 @@ def table(results: dict[str, dict]) -> str:
                                  ("standalone, 2 workers / 1 worker", "cluster", "cluster1", "cluster2")):
             speedup = sc["speedup"].get(key)
             rates = " / ".join(_n(by.get(c, {}).get("records_per_s", "error")) for c in (b, a))
-            add("scaling", f"speed-up {label} (records/s)", f"{rates} = {speedup}x", ">= 1.7x",
+            add("scaling", f"speed-up {label} (records/s)", f"{rates} = " + (f"{speedup}x" if speedup else "n/a"),
+                ">= 1.7x",
                 None if speedup is None else speedup >= 1.7)
         for config in ("local1", "local2", "cluster1", "cluster2"):
             r = by.get(config, {})
+            if "error" in r:
+                add("scaling", f"{config}: failed", _failure(r["error"]), "", False)
             if "driver_share" not in r:
                 continue
             low, high = r["driver_share"], r["driver_share_max"]
