@@ -241,7 +241,8 @@ class _Invocation:
         codec = self._codecs.get(stream)
         if codec is None or type(record) is not Record or type(record.key) is not str or \
                 type(record.timestamp) is not int:
-            self._bad_production(record, stream)
+            self._bad_production(record, stream)  # raises, unless record is of a subclass of Record
+            codec = self._codecs[stream]
         try:  # record.encoded_value(codec), inlined
             value = record._encoded if record._codec is codec and record._encoded is not None else \
                 codec.encode(record.value)
