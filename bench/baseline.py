@@ -5,19 +5,20 @@ bucket -> count per key and one Spark event-time timer per (key, bucket) at the 
 key are aggregated per bucket before touching state (one get + one update per (key, bucket) per
 batch, a timer registered only for a new bucket), which is the natural way to write it.
 
-The source wraps the very same GeneratorInjector the millstream run reads, with the same admission
-limit (so the same micro-batches), and stamps rows with the injector's low watermark exactly like
-millstream's source (`lw` = watermark + 1 ms, withWatermark("lw", "1 millisecond")). It does less work
-than millstream's source (no shard routing, no value encoding): that difference is charged to
-millstream.
+The source wraps the very same partitioned injector the millstream run reads (one task per
+partition), with the same admission limit per partition (so the same micro-batches), and stamps rows
+with the injector's low watermark (the minimum over its partitions, as millstream's): `lw` = watermark
++ 1 ms, withWatermark("lw", "1 millisecond"). It does less work than millstream's source (no key-group
+routing, no value encoding, no bundles): that difference is charged to millstream. Output goes to
+Spark's parquet file sink (executors write, exactly-once through the sink's metadata log).
 """
 
 from __future__ import annotations
 
 import base64
+import json
 import os
 import pickle
-import time
 from typing import Any, Iterator
 
 import pyarrow as pa
@@ -42,8 +43,8 @@ def _stamp(watermark: int) -> int:
 
 
 class _Part(InputPartition):
-    def __init__(self, start: dict, end: dict, stamp: int) -> None:
-        self.start, self.end, self.stamp = start, end, stamp
+    def __init__(self, partition: str, start: dict, end: dict, stamp: int) -> None:
+        self.partition, self.start, self.end, self.stamp = partition, start, end, stamp
 
 
 def _batch(keys: list[str], tss: list[int], stamp: int) -> pa.RecordBatch:
@@ -53,22 +54,32 @@ def _batch(keys: list[str], tss: list[int], stamp: int) -> pa.RecordBatch:
 
 
 class _Reader(DataSourceStreamReader):
+    """Offsets {"parts": {partition: injector offset}}; one task per partition with new records.
+    Admission as millstream's source: each partition reads at most max_records / partitions."""
+
     def __init__(self, injector: Any, max_records: int) -> None:
         self.injector, self.max_records = injector, max_records
+        self.names = list(injector.partitions())
 
     def initialOffset(self) -> dict:  # noqa: N802
-        return self.injector.initial_offset()
+        return {"parts": {p: self.injector.initial_offset(p) for p in self.names}}
 
     def latestOffset(self, start: dict | None = None, limit: Any = None) -> dict:  # noqa: N802
-        return self.injector.latest_offset(start or self.initialOffset(), self.max_records)
+        start = start or self.initialOffset()
+        cap = max(1, self.max_records // len(self.names))
+        return {"parts": {p: self.injector.latest_offset(p, start["parts"][p], cap) for p in self.names}}
 
     def partitions(self, start: dict, end: dict) -> list[_Part]:
-        return [_Part(start, end, _stamp(self.injector.low_watermark(end)))]
+        # The injector's watermark once the batch is read: the minimum over its partitions.
+        stamp = _stamp(min(self.injector.low_watermark(p, end["parts"][p]) for p in self.names))
+        parts = [_Part(p, start["parts"][p], end["parts"][p], stamp) for p in self.names
+                 if end["parts"][p] != start["parts"][p]]
+        return parts or [_Part(self.names[0], end["parts"][self.names[0]], end["parts"][self.names[0]], stamp)]
 
     def read(self, part: _Part) -> Iterator[pa.RecordBatch]:
         keys: list[str] = []
         tss: list[int] = []
-        for record in self.injector.read(part.start, part.end):
+        for record in self.injector.read(part.partition, part.start, part.end):
             keys.append(record.key)
             tss.append(record.timestamp)
             if len(keys) >= 8192:
@@ -131,51 +142,87 @@ class HandWindower(StatefulProcessor):
         pass
 
 
-class BaselineSink:
-    """foreachBatch: one parquet file per non-empty batch, and the commit wall time per batch."""
-
-    def __init__(self, directory: str) -> None:
-        self.directory = directory
-        self.commits: list[tuple[int, float]] = []
-        self.rows = 0
-        os.makedirs(directory, exist_ok=True)
-
-    def __call__(self, frame: Any, batch_id: int) -> None:
-        import pyarrow.parquet as pq
-
-        table = frame.toArrow()
-        if table.num_rows:
-            pq.write_table(table, os.path.join(self.directory, f"{batch_id:012d}.parquet"))
-        self.rows += table.num_rows
-        self.commits.append((batch_id, time.time()))
-
-
 def start_baseline(spark: Any, injector: Any, max_records: int, root: str, trigger_ms: int,
-                   name: str = "baseline") -> tuple[Any, BaselineSink]:
+                   name: str = "baseline") -> Any:
+    """The hand-written job, writing its windows with Spark's own parquet file sink (written by the
+    executors, exactly-once through the sink's metadata log), as a user would."""
     spark.dataSource.register(GeneratorSource)
-    sink = BaselineSink(os.path.join(root, "out"))
     rows = (
         spark.readStream.format(FORMAT).option("injector", encode_injector(injector, max_records)).load()
         .withWatermark("lw", "1 millisecond")
         .groupBy("key")
-        .transformWithState(HandWindower(), OUTPUT, "Update", "EventTime")
+        .transformWithState(HandWindower(), OUTPUT, "Append", "EventTime")
     )
-    query = (
-        rows.writeStream.queryName(name).foreachBatch(sink)
+    return (
+        rows.writeStream.queryName(name).format("parquet").outputMode("append")
+        .option("path", os.path.join(root, "out"))
         .option("checkpointLocation", os.path.join(root, "checkpoint"))
         .trigger(processingTime=f"{trigger_ms} milliseconds")
         .start()
     )
-    return query, sink
+
+
+def committed_files(root: str) -> dict[int, list[str]]:
+    """Batch -> files the file sink committed (its metadata log; compacted entries hold the earlier
+    batches' files too, so a file is attributed to the batch it first appears in)."""
+    directory = os.path.join(root, "out", "_spark_metadata")
+    by_batch: dict[int, list[str]] = {}
+    seen: set[str] = set()
+    if not os.path.isdir(directory):
+        return by_batch
+    names = [n for n in os.listdir(directory) if n.split(".")[0].isdigit()]
+    for name in sorted(names, key=lambda n: int(n.split(".")[0])):
+        with open(os.path.join(directory, name)) as f:
+            lines = f.read().splitlines()[1:]
+        for line in lines:
+            entry = json.loads(line)
+            path = entry["path"]
+            if entry.get("action", "add") == "add" and path not in seen:
+                seen.add(path)
+                by_batch.setdefault(int(name.split(".")[0]), []).append(path)
+    return by_batch
+
+
+def _local(uri: str) -> str:
+    from urllib.parse import unquote, urlparse
+
+    return unquote(urlparse(uri).path)
+
+
+class OutputCounter:
+    """Rows the file sink has committed so far (from the parquet footers of new files)."""
+
+    def __init__(self, root: str) -> None:
+        self.root, self.rows, self.counted = root, 0, set()
+
+    def __call__(self) -> int:
+        import pyarrow.parquet as pq
+
+        for files in committed_files(self.root).values():
+            for path in files:
+                if path not in self.counted:
+                    self.counted.add(path)
+                    self.rows += pq.read_metadata(_local(path)).num_rows
+        return self.rows
+
+
+def last_output_commit(root: str) -> float | None:
+    """When Spark committed the last batch that wrote output (mtime of its commits/N)."""
+    batches = committed_files(root)
+    if not batches:
+        return None
+    try:
+        return os.stat(os.path.join(root, "checkpoint", "commits", str(max(batches)))).st_mtime
+    except FileNotFoundError:
+        return None
 
 
 def read_output(root: str) -> list[tuple[str, int, int]]:
     import pyarrow.parquet as pq
 
-    directory = os.path.join(root, "out")
     out = []
-    for name in sorted(os.listdir(directory)):
-        if name.endswith(".parquet"):
-            t = pq.read_table(os.path.join(directory, name))
+    for files in committed_files(root).values():
+        for path in files:
+            t = pq.read_table(_local(path))
             out.extend(zip(t["key"].to_pylist(), t["bucket"].to_pylist(), t["count"].to_pylist()))
     return out

@@ -2,9 +2,9 @@
 
 A child process runs a paced pass-through pipeline (bench.recovery --child ROOT). Once its output is
 flowing, the whole child process group (driver, JVM, Python workers) is SIGKILLed; a new child is
-started on the same root. Measured: kill -> first stream-log commit with rows written by the new
-process, split into process start -> Spark session ready and the rest. Exactly-once is checked:
-the committed output holds each record index once.
+started on the same root. Measured: kill -> first publication (publication-log entry) with rows of a
+batch the new process ran, split into process start -> Spark session ready and the rest. Exactly-once
+is checked over everything published: each record index once, no gap.
 """
 
 from __future__ import annotations
@@ -42,19 +42,22 @@ def child(root: str) -> None:
 
 
 def commits(root: str) -> list[tuple[str, float, int]]:
-    directory = os.path.join(root, "streams", "out", "pass")
+    """(entry name, publication time, rows) of every batch `pass` published."""
+    directory = os.path.join(root, "log", "pass")
     try:
         names = os.listdir(directory)
     except FileNotFoundError:
         return []
     found = []
     for name in names:
-        if name.endswith(".commit.json") and ".tmp" not in name:
+        if name[:12].isdigit() and name.endswith(".json"):
             path = os.path.join(directory, name)
             try:
                 with open(path) as f:
-                    rows = json.load(f)["rows"]
-                found.append((name, os.stat(path).st_mtime, rows))
+                    entry = json.load(f)
+                if entry.get("type") == "batch":
+                    rows = sum(r for _, r in entry["streams"].get("out", []))
+                    found.append((name, os.stat(path).st_mtime, rows))
             except (OSError, ValueError):
                 pass
     return found
@@ -103,12 +106,14 @@ def main(quick: bool) -> dict:
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-    # Exactly-once check over everything committed.
-    directory = os.path.join(root, "streams", "out", "pass")
+    # Exactly-once check over everything published.
+    from bench.common import published
+
     seen: list[int] = []
-    for name in sorted(os.listdir(directory)):
-        if name.endswith(".parquet") and os.path.exists(os.path.join(directory, name.replace(".parquet", ".commit.json"))):
-            seen.extend(json.loads(v) for v in pq.read_table(os.path.join(directory, name))["value"].to_pylist())
+    for batch in published(root, "pass"):
+        for path, rows in batch["files"].get("out", []):
+            if rows:
+                seen.extend(json.loads(v) for v in pq.read_table(path, columns=["value"])["value"].to_pylist())
     exact = len(seen) == len(set(seen)) and (not seen or sorted(seen) == list(range(len(seen))))
     return {"rounds": results, "records_committed": len(seen), "exactly_once_prefix": exact}
 

@@ -1,31 +1,33 @@
-"""Tunables: Windower throughput through millstream at 1e4 keys as SparkRunner settings vary
-(shards, pages_per_shard, max_records_per_batch), one Spark session, one setting changed at a time."""
+"""Tunables: Windower throughput through millstream at 1e4 keys (the throughput benchmark's job) as
+SparkRunner settings vary one at a time: key_groups, parallelism, max_records_per_batch. One local[2]
+session, a warm-up run first; output checked against the exact answer in every run."""
 
 from __future__ import annotations
 
-from bench.common import ProgressCollector, cli, spark_session
+from bench.common import ProgressCollector, cli, expected_windows, spark_session
 from bench.throughput import run_millstream
 
 
 def main(quick: bool) -> dict:
-    keys, total = 10_000, (60_000 if quick else 150_000)
-    settings = [
-        {"shards": 8, "pages_per_shard": 32, "max_records_per_batch": 50_000},  # defaults (+ injector cap)
-        {"shards": 2, "pages_per_shard": 32, "max_records_per_batch": 50_000},
-        {"shards": 32, "pages_per_shard": 32, "max_records_per_batch": 50_000},
-        {"shards": 8, "pages_per_shard": 32, "max_records_per_batch": 20_000},
-        {"shards": 8, "pages_per_shard": 32, "max_records_per_batch": 100_000},
-    ]
+    keys, total = 10_000, (60_000 if quick else 300_000)
+    defaults = {"key_groups": 32, "parallelism": 2, "max_records_per_batch": 100_000}
+    settings = [defaults,
+                {**defaults, "key_groups": 8}, {**defaults, "key_groups": 128},
+                {**defaults, "parallelism": 1}, {**defaults, "parallelism": 8},
+                {**defaults, "max_records_per_batch": 50_000}, {**defaults, "max_records_per_batch": 200_000}]
     if quick:
         settings = settings[:2]
     spark = spark_session(log_name="tune")
     collector = ProgressCollector(spark)
+    run_millstream(spark, collector, 1_000, 20_000, timeout=900, tag="warmup", check=False)
+    expected = expected_windows(keys, total)
     rows = []
-    for s in settings:
-        r = run_millstream(spark, collector, keys, total, timeout=900, **s)
-        r.pop("_output")
+    for n, s in enumerate(settings):
+        r = run_millstream(spark, collector, keys, total, timeout=1800, tag=f"tune{n}", **s)
+        r["matches_expected"] = r.pop("_output") == expected
         rows.append({**s, **r})
-        print(f"[tune] {s} -> {r['records_per_s']} rec/s", flush=True)
+        print(f"[tune] {s} -> {r['records_per_s']} rec/s (output ok {r['matches_expected']})", flush=True)
+    collector.close(spark)
     return {"keys": keys, "records": total, "results": rows}
 
 

@@ -528,3 +528,14 @@ def test_a_step_reads_only_the_keys_with_records_or_due_work():
     result = step(ex, [deliver(k, [], rid=f"{k}-2") for k in keys[:3]], 0, 0, advanced_watermark=59)
     assert sorted(store.loaded) == sorted(set(keys[:3]) | set(keys[:10]))
     assert result.metrics.timers_fired == 10
+
+
+def test_step_metrics_add_sums_every_field():
+    from dataclasses import fields
+
+    from millstream.core.executor import StepMetrics
+
+    names = [f.name for f in fields(StepMetrics)]
+    total = StepMetrics(**{name: 1 for name in names})
+    total.add(StepMetrics(**{name: n + 2 for n, name in enumerate(names)}))
+    assert total.as_dict() == {name: n + 3 for n, name in enumerate(names)}

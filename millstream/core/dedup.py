@@ -53,8 +53,10 @@ class DedupIndex:
         heapq.heappush(self._by_mark, (mark, key, record_id))
 
     def add_all(self, entries: Iterable[tuple[str, str, int]]) -> None:
+        marks, heap, push = self.marks, self._by_mark, heapq.heappush
         for key, record_id, mark in entries:
-            self.add(key, record_id, mark)
+            marks[(key, record_id)] = mark
+            push(heap, (mark, key, record_id))
 
     def expire(self, low_watermark: int, horizon_ms: int) -> None:
         """Forget ids whose mark is older than low_watermark - horizon_ms."""

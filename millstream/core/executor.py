@@ -25,6 +25,7 @@ step again without it, so the failed invocation leaves no trace.
 from __future__ import annotations
 
 import bisect
+from itertools import repeat
 from dataclasses import dataclass, field, fields
 from typing import Any, Iterable, NamedTuple, Sequence
 
@@ -47,6 +48,8 @@ __all__ = ["ComputationError", "ComputationFailed", "Delivery", "KeyGroupExecuto
 # A key's timers that keep re-arming themselves behind the watermark would loop inside one step.
 MAX_TIMER_FIRINGS_PER_STEP = 100_000
 _WALL, _LOW_WATERMARK = TimeDomain.WALL_TIME, TimeDomain.LOW_WATERMARK
+_new_tuple = tuple.__new__  # a NamedTuple without its Python-level __new__
+_hex128 = xxhash.xxh3_128_hexdigest
 
 
 class ComputationError(RuntimeError):
@@ -82,8 +85,14 @@ class StepMetrics:
     pending_timers: int = 0
 
     def add(self, other: "StepMetrics") -> None:
-        for item in fields(self):
-            setattr(self, item.name, getattr(self, item.name) + getattr(other, item.name))
+        self.records += other.records
+        self.duplicates += other.duplicates
+        self.late += other.late
+        self.timers_fired += other.timers_fired
+        self.productions += other.productions
+        self.dead_letters += other.dead_letters
+        self.state_bytes += other.state_bytes
+        self.pending_timers += other.pending_timers
 
     def as_dict(self) -> dict[str, int]:
         return {item.name: getattr(self, item.name) for item in fields(self)}
@@ -114,7 +123,7 @@ class _Invocation:
 
     __slots__ = ("_plan", "_state", "_key", "_low_watermark", "_wall_time", "_late", "_stream",
                  "_cause", "_setter", "_produced", "_out", "_segment", "_handles", "_order", "_advanced",
-                 "_inputs", "_after")
+                 "_inputs", "_after", "_by_spec", "_name", "_codecs")
 
     def __init__(self, plan: ComputationPlan, state: KeyState, key: str, wall_time: int, out: list[Produced]) -> None:
         self._plan = plan
@@ -133,7 +142,10 @@ class _Invocation:
         self._inputs: tuple[tuple[str, int, int], ...] = ()  # per input stream, at the current point
         self._after = False  # in process_timer: input watermarks after the point
         self._handles: dict[str, Any] = {}
+        self._by_spec: dict[int, tuple[StateSpec, Any]] = {}  # id(spec passed) -> (that spec, its handle)
         self._order = order_base(key)  # position of the key's next production in the step's output
+        self._name = plan.name
+        self._codecs = plan.output_codecs
 
     def _begin(self, cause: str, setter: str | None, stream: str | None, late: bool, low_watermark: int,
                segment: int, advanced: int, inputs: tuple[tuple[str, int, int], ...] = (),
@@ -171,6 +183,14 @@ class _Invocation:
                                f"{sorted(i.stream for i in self._plan.inputs)}")
 
     def state(self, spec: StateSpec) -> Any:
+        known = self._by_spec.get(id(spec))
+        if known is not None and known[0] is spec:  # the spec object seen before in this key's step
+            return known[1]
+        handle = self._handle(spec)
+        self._by_spec[id(spec)] = (spec, handle)
+        return handle
+
+    def _handle(self, spec: StateSpec) -> Any:
         name = getattr(spec, "name", None)
         handle = self._handles.get(name)  # type: ignore[arg-type]
         if handle is not None and type(handle.spec) is type(spec):
@@ -215,21 +235,26 @@ class _Invocation:
             raise ComputationError(f"{self._plan.name}: timer {tag!r} time {time} is out of range")
 
     def delete_timer(self, tag: str) -> None:
-        self._state.timers.pop(tag, None)
+        self._state.delete_timer(tag)
 
     def produce(self, record: Record[Any], stream: str) -> None:
-        codec = self._plan.output_codecs.get(stream)
+        codec = self._codecs.get(stream)
         if codec is None or type(record) is not Record or type(record.key) is not str or \
                 type(record.timestamp) is not int:
-            self._bad_production(record, stream)
-        try:
-            value = record.encoded_value(codec)
+            self._bad_production(record, stream)  # raises, unless record is of a subclass of Record
+            codec = self._codecs[stream]
+        try:  # record.encoded_value(codec), inlined
+            value = record._encoded if record._codec is codec and record._encoded is not None else \
+                codec.encode(record.value)
         except CodecError as error:
             raise CodecError(f"stream {stream!r}: {error}") from None
-        record_id = xxhash.xxh3_128_hexdigest(f"{self._plan.name}\x1f{self._cause}\x1f{self._produced}".encode())[:24]
-        self._produced += 1
-        self._out.append(Produced(stream, record.key, value, record.timestamp, record_id, self._segment, self._order))
-        self._order += 1
+        produced = self._produced
+        record_id = _hex128(f"{self._name}\x1f{self._cause}\x1f{produced}".encode())[:24]
+        self._produced = produced + 1
+        order = self._order
+        self._out.append(_new_tuple(Produced, (stream, record.key, value, record.timestamp, record_id, self._segment,
+                                               order)))
+        self._order = order + 1
 
     def _bad_production(self, record: Any, stream: str) -> None:
         if stream not in self._plan.output_codecs:
@@ -333,24 +358,47 @@ class _KeyStep:
         return True
 
     def deliver_each(self, items: Sequence[tuple[int, Delivery]], j: int) -> None:
+        """process_record for each of the key's records of input point j (admit and _begin inlined:
+        this is the per-record hot path)."""
         state, ctx, plan = self.state, self.ctx, self.plan
         process_record = plan.computation.process_record
         low_watermark, advanced, inputs, _ = self.segments[j]
-        metrics, skip = self.metrics, self.skip_items
-        for index, delivery in items:
-            if index in skip or not self.admit(delivery, j):
-                continue
-            record = delivery.record
-            late = record.timestamp < low_watermark
-            metrics.late += late
-            cause = record_cause(delivery.stream, record.id)
-            ctx._begin(cause, cause, delivery.stream, late, low_watermark, j, advanced, inputs)
-            try:
-                process_record(ctx, record)
-                if self.flush_each:
-                    state.flush(plan.state_specs)
-            except Exception as error:
-                raise _UserFailure(error, items=(index,), segment=j) from error
+        skip, seen, key, flush_each = self.skip_items, self.seen, self.key, self.flush_each
+        store_seen = self.store.seen
+        # What every invocation of this point shares (see _Invocation._begin).
+        ctx._low_watermark, ctx._segment, ctx._advanced, ctx._inputs, ctx._after = (
+            low_watermark, j, advanced, inputs, False)
+        records = duplicates = late_count = 0
+        try:
+            for index, delivery in items:
+                if skip and index in skip:
+                    continue
+                record = delivery.record
+                timestamp = record.timestamp
+                if delivery.dedup:  # admit(), inlined
+                    rid = record.id
+                    if rid in seen or store_seen(key, rid):
+                        duplicates += 1
+                        continue
+                    seen[rid] = advanced if advanced > timestamp else timestamp
+                records += 1
+                late = timestamp < low_watermark
+                late_count += late
+                stream = delivery.stream
+                cause = f"r\x1f{stream}\x1f{record.id}"  # record_cause()
+                ctx._cause = ctx._setter = cause
+                ctx._stream, ctx._late, ctx._produced = stream, late, 0
+                try:
+                    process_record(ctx, record)
+                    if flush_each:
+                        state.flush(plan.state_specs)
+                except Exception as error:
+                    raise _UserFailure(error, items=(index,), segment=j) from error
+        finally:
+            metrics = self.metrics
+            metrics.records += records
+            metrics.duplicates += duplicates
+            metrics.late += late_count
 
     def deliver_batch(self, items: Sequence[tuple[int, Delivery]], j: int) -> None:
         """process_records: the key's records of one input point in one call."""
@@ -372,40 +420,56 @@ class _KeyStep:
 
     def fire(self, low_watermark: int, boundary: int, wall: bool = False) -> None:
         """Fire the key's timers due by `low_watermark` (and by the wall clock, with `wall`) in
-        (time, tag) order, each tagged with the input point it belongs to (timer_point)."""
-        state, ctx, plan, segments = self.state, self.ctx, self.plan, self.segments
+        (time, tag) order, each tagged with the input point it belongs to (timer_point).
+
+        The due timers are sorted once; the order is taken again only when user code changed the
+        key's timers (set, deleted, cleared) while they fire."""
+        state = self.state
+        if not state.timers:
+            return
+        ctx, plan, segments = self.ctx, self.plan, self.segments
         process_timer = plan.computation.process_timer
         skip = self.skip_timers
         single = len(segments) == 1
         lw = low_watermark
         wall_time = self.wall_time if wall else -END_OF_TIME - 1
-        while state.timers:
-            due = state.next_due(lw, wall_time)
-            if due is None:
+        key, flush_each, metrics = self.key, self.flush_each, self.metrics
+        while True:
+            timers = state.timers
+            due = sorted([(timer[0], tag) for tag, timer in timers.items()
+                          if timer[0] <= (wall_time if timer[1] else lw)])
+            if not due:
                 return
-            tag, timer = due
-            if self.firings >= MAX_TIMER_FIRINGS_PER_STEP:
-                raise ComputationError(
-                    f"computation {plan.name!r}, key {self.key!r}: more than {MAX_TIMER_FIRINGS_PER_STEP} "
-                    "timers fired in one step; a timer that re-sets itself at or behind the low watermark "
-                    "fires again at once, forever"
-                )
-            self.firings += 1
-            time, wall_timer, setter = timer
-            point = boundary if (wall_timer or single) else self.timer_point(tag, time, boundary)
-            del state.timers[tag]
-            if skip and (tag, time, setter) in skip:
-                continue
-            self.metrics.timers_fired += 1
-            at = segments[point].advanced_to
-            ctx._begin(timer_cause(self.key, tag, time, setter), None, None, False, at, point, at,
-                       segments[point].inputs, True)
-            try:
-                process_timer(ctx, Timer(time, tag, _WALL if wall_timer else _LOW_WATERMARK))
-                if self.flush_each:
-                    state.flush(plan.state_specs)
-            except Exception as error:
-                raise _UserFailure(error, timer=(tag, time, setter), segment=point) from error
+            version = state.timer_version
+            for _, tag in due:
+                if self.firings >= MAX_TIMER_FIRINGS_PER_STEP:
+                    raise ComputationError(
+                        f"computation {plan.name!r}, key {key!r}: more than {MAX_TIMER_FIRINGS_PER_STEP} "
+                        "timers fired in one step; a timer that re-sets itself at or behind the low watermark "
+                        "fires again at once, forever"
+                    )
+                self.firings += 1
+                time, wall_timer, setter = timers.pop(tag)
+                point = boundary if (wall_timer or single) else self.timer_point(tag, time, boundary)
+                if skip and (tag, time, setter) in skip:
+                    continue
+                metrics.timers_fired += 1
+                at = segments[point].advanced_to
+                # _begin(), inlined
+                ctx._cause, ctx._setter, ctx._stream, ctx._late, ctx._produced = (
+                    f"t\x1f{key}\x1f{tag}\x1f{time}\x1f{setter}", None, None, False, 0)  # timer_cause()
+                ctx._low_watermark, ctx._segment, ctx._advanced, ctx._inputs, ctx._after = (
+                    at, point, at, segments[point].inputs, True)
+                try:
+                    process_timer(ctx, _new_tuple(Timer, (time, tag, _WALL if wall_timer else _LOW_WATERMARK)))
+                    if flush_each:
+                        state.flush(plan.state_specs)
+                except Exception as error:
+                    raise _UserFailure(error, timer=(tag, time, setter), segment=point) from error
+                if state.timer_version != version:
+                    break  # user code changed the key's timers: take the order again
+            else:
+                return
 
     def timer_point(self, tag: str, time: int, boundary: int) -> int:
         """The input point a low-watermark firing belongs to: the first one whose advanced watermark
@@ -454,17 +518,20 @@ class KeyGroupExecutor:
         metrics = StepMetrics(dead_letters=len(passthrough))
         changes: dict[str, StoredKey | None] = {}
         seen: list[tuple[str, str, int]] = []
+        seen_bytes = 0  # of the new dedup ids: key, id and an 8-byte mark each
         for key in keys:
             step = self._key_step(key, by_key.get(key, ()), blobs.get(key), segments, wall_time, out, metrics)
             changes[key] = step.stored()
             step.metrics.pending_timers = len(step.state.timers) - step.timers_before
-            seen.extend((key, rid, mark) for rid, mark in step.seen.items())
+            if step.seen:
+                ids = step.seen
+                seen.extend(zip(repeat(key), ids.keys(), ids.values()))
+                seen_bytes += len(ids) * (len(key) + 8) + sum(map(len, ids))
             out.extend(step.out)
             metrics.add(step.metrics)
         self.store.save(changes, seen, last, self.plan.dedup_horizon_ms)
         metrics.productions = len(out)
-        metrics.state_bytes = sum(len(k) + len(s.blob) for k, s in changes.items() if s is not None) + sum(
-            len(k) + len(i) + 8 for k, i, _ in seen)
+        metrics.state_bytes = sum(len(k) + len(s.blob) for k, s in changes.items() if s is not None) + seen_bytes
         return StepResult(out, self.store.next_wall_time(), metrics)
 
     def _key_step(self, key: str, items: Sequence[tuple[int, Delivery]], blob: bytes | None,

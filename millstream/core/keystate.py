@@ -23,6 +23,7 @@ from millstream.model.records import TimeDomain, Timer
 from millstream.model.state import ListState, MapState, StateSpec, ValueState
 
 _ABSENT: Any = object()
+_new_tuple = tuple.__new__  # a NamedTuple without its Python-level __new__
 _REMOVED: Any = object()
 
 
@@ -35,12 +36,13 @@ class PendingTimer(NamedTuple):
 class KeyState:
     """One key's persisted data plus the values decoded during the current step."""
 
-    __slots__ = ("values", "written", "timers", "_live", "_boundary")
+    __slots__ = ("values", "written", "timers", "timer_version", "_live", "_boundary")
 
     def __init__(self) -> None:
         self.values: dict[str, Any] = {}  # state name -> bytes | list[bytes] | dict[bytes, bytes]
         self.written: dict[str, int] = {}  # state name -> watermark at its last write (TTL'd states)
         self.timers: dict[str, PendingTimer] = {}  # tag -> pending timer
+        self.timer_version = 0  # counts changes to `timers` by user code (set, delete, clear)
         self._live: dict[str, Any] = {}  # state name -> cell decoded this step
         self._boundary: dict[str, int] = {}  # tag -> first boundary a timer set this step may fire at
 
@@ -53,7 +55,11 @@ class KeyState:
         state = cls()
         values, state.written, timers = pickle.loads(blob)
         state.values = values
-        state.timers = {tag: PendingTimer(*t) for tag, t in timers.items()}
+        for t in timers.values():
+            if type(t) is not PendingTimer:  # written as plain tuples
+                timers = {tag: PendingTimer(*t) for tag, t in timers.items()}
+                break
+        state.timers = timers
         return state
 
     def is_empty(self) -> bool:
@@ -86,6 +92,7 @@ class KeyState:
         self.values.clear()
         self.written.clear()
         self.timers.clear()
+        self.timer_version += 1
         for cell in self._live.values():
             cell.clear()
 
@@ -118,8 +125,13 @@ class KeyState:
 
     # -- timers --------------------------------------------------------------------------------
     def set_timer(self, tag: str, time: int, wall: bool, setter: str, boundary: int) -> None:
-        self.timers[tag] = PendingTimer(time, wall, setter)
+        self.timers[tag] = _new_tuple(PendingTimer, (time, wall, setter))
         self._boundary[tag] = boundary
+        self.timer_version += 1
+
+    def delete_timer(self, tag: str) -> None:
+        if self.timers.pop(tag, None) is not None:
+            self.timer_version += 1
 
     def earliest_boundary(self, tag: str) -> int:
         """The first boundary of this step a timer may fire at (0 for timers from earlier steps)."""
@@ -242,18 +254,25 @@ class MapCell:
     a time, on first read, and kept by their (hashable) key; changed and read entries are encoded
     again at the end of the step (a read value may have been mutated in place)."""
 
-    __slots__ = ("spec", "stored", "live", "on_write")
+    __slots__ = ("spec", "stored", "live", "on_write", "encoded")
 
     def __init__(self, spec: MapState[Any, Any], stored: dict[bytes, bytes], on_write: Any = None) -> None:
         self.spec = spec
         self.stored = stored  # encoded key -> encoded value, as persisted
         self.live: dict[Any, Any] = {}  # key -> value (or _REMOVED) read or written this step
         self.on_write = on_write
+        self.encoded: dict[Any, bytes] = {}  # key -> its encoding, for keys encoded this step
+
+    def _encode_key(self, key: Any) -> bytes:
+        data = self.encoded.get(key)
+        if data is None:
+            data = self.encoded[key] = self.spec.key_codec.encode(key)
+        return data
 
     def get(self, key: Any, default: Any = None) -> Any:
         value = self.live.get(key, _MISSING)
         if value is _MISSING:
-            data = self.stored.get(self.spec.key_codec.encode(key))
+            data = self.stored.get(self._encode_key(key))
             if data is None:
                 return default
             value = self.live[key] = self.spec.value_codec.decode(data)
@@ -270,7 +289,7 @@ class MapCell:
     def contains(self, key: Any) -> bool:
         value = self.live.get(key, _MISSING)
         if value is _MISSING:
-            return self.spec.key_codec.encode(key) in self.stored
+            return self._encode_key(key) in self.stored
         return value is not _REMOVED
 
     def clear(self) -> None:
@@ -299,10 +318,12 @@ class MapCell:
         if not self.live:
             return _ABSENT
         stored = self.stored  # owned by the KeyState; a failed step reloads the key from its blob
-        key_codec, value_codec = self.spec.key_codec, self.spec.value_codec
+        key_codec, value_codec, known = self.spec.key_codec, self.spec.value_codec, self.encoded
         removed = []
         for key, value in self.live.items():
-            encoded = key_codec.encode(key)
+            encoded = known.get(key)
+            if encoded is None:
+                encoded = key_codec.encode(key)
             if value is _REMOVED:
                 stored.pop(encoded, None)
                 removed.append(key)

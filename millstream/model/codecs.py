@@ -88,6 +88,15 @@ class JsonCodec:
             return b"%d" % value  # JSON's text of any int, exactly
         if kind is str:
             return orjson.dumps(value)
+        if kind is dict:  # the common flat record: str keys, scalar values (what _json_problem allows)
+            for key, item in value.items():
+                if type(key) is not str or type(item) not in _JSON_SCALARS:
+                    break
+            else:
+                try:
+                    return orjson.dumps(value, option=_ORJSON_OPTIONS)
+                except orjson.JSONEncodeError:  # integers beyond 64 bits: the stdlib writes them exactly
+                    return _JSON_ENCODER.encode(value).encode()
         problem = _json_problem(value)
         if problem is not None:
             raise CodecError(
@@ -102,7 +111,7 @@ class JsonCodec:
 
     def decode(self, data: bytes) -> Any:
         # orjson reads integers beyond 64 bits as floats: such texts take the exact stdlib path.
-        if _BIG_INTEGER.search(data) is None:
+        if len(data) < 20 or _BIG_INTEGER.search(data) is None:
             try:
                 return orjson.loads(data)
             except orjson.JSONDecodeError:
