@@ -13,10 +13,9 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Sequence
 
-from millstream.photon.registry import (Claim, CommitOutcome, DeleteStatus, GcResult, IdRegistry, LookupResult,
-                                        RegistryError, ShardingConfig, ShardingEntry, Token)
+from millstream.photon.registry import Claim, CommitOutcome, ForwardingRegistry, IdRegistry, RegistryError
 
 
 class CommitTimeout(RegistryError):
@@ -47,7 +46,7 @@ class _Request:
         self.error: BaseException | None = None
 
 
-class BatchingRegistry(IdRegistry):
+class BatchingRegistry(ForwardingRegistry):
     """Commits the claims of many concurrent callers in one transaction of `backend`.
 
     The background thread takes the queued requests, up to `max_batch` claims (a single larger request
@@ -60,7 +59,7 @@ class BatchingRegistry(IdRegistry):
     committing what is queued; it does not close `backend`.
 
     >>> import tempfile, os
-    >>> from millstream.photon import SqliteRegistry
+    >>> from millstream.photon import SqliteRegistry, Token
     >>> backend = SqliteRegistry(os.path.join(tempfile.mkdtemp(), "ids.db"))
     >>> registry = BatchingRegistry(backend, max_batch=1000)
     >>> registry.commit([Claim("c1", Token("j", "1"), 1_700_000_000_000)])["c1"].status.value
@@ -169,28 +168,3 @@ class BatchingRegistry(IdRegistry):
             self._wakeup.notify_all()
         self._thread.join()
 
-    # ---- everything else goes straight to the backend ------------------------------------------
-
-    def lookup(self, ids: Mapping[str, int]) -> dict[str, LookupResult]:
-        return self.backend.lookup(ids)
-
-    def delete(self, click_id: str, token: Token, event_time_ms: int) -> DeleteStatus:
-        return self.backend.delete(click_id, token, event_time_ms)
-
-    def heartbeat(self, owner: str) -> None:
-        self.backend.heartbeat(owner)
-
-    def owner_last_seen(self, owner: str) -> int | None:
-        return self.backend.owner_last_seen(owner)
-
-    def reshard(self, shard_count: int, safety_margin_ms: int) -> ShardingEntry:
-        return self.backend.reshard(shard_count, safety_margin_ms)
-
-    def sharding(self) -> ShardingConfig:
-        return self.backend.sharding()
-
-    def gc(self, older_than_ms: int) -> GcResult:
-        return self.backend.gc(older_than_ms)
-
-    def gc_boundary(self) -> int:
-        return self.backend.gc_boundary()

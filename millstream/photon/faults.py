@@ -29,8 +29,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Mapping, Sequence
 
 from millstream.photon.batching import CommitTimeout
-from millstream.photon.registry import (Claim, CommitOutcome, DeleteStatus, GcResult, IdRegistry, LookupResult,
-                                        ShardingConfig, ShardingEntry, Token)
+from millstream.photon.registry import Claim, CommitOutcome, ForwardingRegistry, IdRegistry
 
 
 class PipelineDied(RuntimeError):
@@ -75,11 +74,11 @@ class PhotonFaults:
         return FaultyRegistry(registry, self) if self.active else registry
 
 
-class FaultyRegistry(IdRegistry):
+class FaultyRegistry(ForwardingRegistry):
     """An IdRegistry whose commits misbehave as `faults` say; everything else is passed through.
 
     >>> import tempfile, os
-    >>> from millstream.photon import open_registry
+    >>> from millstream.photon import Token, open_registry
     >>> backend = open_registry("sqlite:///" + os.path.join(tempfile.mkdtemp(), "ids.db"))
     >>> registry = PhotonFaults(lose_reply_every=1).wrap(backend)
     >>> claim = Claim("c-1", Token("photon-a", "1/clicks-1"), 1_700_000_000_000)
@@ -130,32 +129,6 @@ class FaultyRegistry(IdRegistry):
             out.flush()
             os.fsync(out.fileno())  # the kill follows at once
 
-    def lookup(self, ids: Mapping[str, int]) -> dict[str, LookupResult]:
-        return self.backend.lookup(ids)
-
-    def delete(self, click_id: str, token: Token, event_time_ms: int) -> DeleteStatus:
-        return self.backend.delete(click_id, token, event_time_ms)
-
-    def heartbeat(self, owner: str) -> None:
-        self.backend.heartbeat(owner)
-
-    def owner_last_seen(self, owner: str) -> int | None:
-        return self.backend.owner_last_seen(owner)
-
-    def reshard(self, shard_count: int, safety_margin_ms: int) -> ShardingEntry:
-        return self.backend.reshard(shard_count, safety_margin_ms)
-
-    def sharding(self) -> ShardingConfig:
-        return self.backend.sharding()
-
-    def gc(self, older_than_ms: int) -> GcResult:
-        return self.backend.gc(older_than_ms)
-
-    def gc_boundary(self) -> int:
-        return self.backend.gc_boundary()
-
-    def close(self) -> None:
-        self.backend.close()
 
 
 def read_fault_records(path: str) -> list[dict[str, Any]]:

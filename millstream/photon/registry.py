@@ -328,3 +328,41 @@ class IdRegistry(abc.ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class ForwardingRegistry(IdRegistry):
+    """A registry that wraps another and passes every call on to it; wrappers (batching, fault
+    injection) override only what they change."""
+
+    def __init__(self, backend: IdRegistry) -> None:
+        self.backend = backend
+
+    def commit_each(self, claims: Sequence[Claim]) -> list[CommitOutcome]:
+        return self.backend.commit_each(claims)
+
+    def lookup(self, ids: Mapping[str, int]) -> dict[str, LookupResult]:
+        return self.backend.lookup(ids)
+
+    def delete(self, click_id: str, token: Token, event_time_ms: int) -> DeleteStatus:
+        return self.backend.delete(click_id, token, event_time_ms)
+
+    def heartbeat(self, owner: str) -> None:
+        self.backend.heartbeat(owner)
+
+    def owner_last_seen(self, owner: str) -> int | None:
+        return self.backend.owner_last_seen(owner)
+
+    def reshard(self, shard_count: int, safety_margin_ms: int) -> ShardingEntry:
+        return self.backend.reshard(shard_count, safety_margin_ms)
+
+    def sharding(self) -> ShardingConfig:
+        return self.backend.sharding()
+
+    def gc(self, older_than_ms: int) -> GcResult:
+        return self.backend.gc(older_than_ms)
+
+    def gc_boundary(self) -> int:
+        return self.backend.gc_boundary()
+
+    def close(self) -> None:
+        self.backend.close()
