@@ -471,6 +471,9 @@ class SparkRunner:
                 if on_progress is not None:
                     on_progress(progress)
                 if progress.done and self._drained(progress, wall_timer_drain_s):
+                    # The status files are shared with any driver that took over: done is ours to
+                    # report only while our claims are still the newest.
+                    self._check_still_in_charge()
                     return progress
                 self.retention.maybe_prune(self.pipeline, self.commits, self.sinks)
                 if deadline is not None and time.time() > deadline:
@@ -478,6 +481,16 @@ class SparkRunner:
                 time.sleep(progress_interval)
         finally:
             self.stop()
+
+    def _check_still_in_charge(self) -> None:
+        """Raise MillstreamRunError if another driver has claimed a newer epoch in any computation's
+        log (the authority on who is in charge; the lease file is only a hint)."""
+        for name in self.commits:
+            claim = PublicationLog(self.root, name).last_claim()
+            if claim is not None and claim["epoch"] != self.epoch:
+                self.stop()
+                raise MillstreamRunError(f"stopped: another driver took over this root (epoch {claim['epoch']} "
+                                         f"claimed computation {name!r}; this driver has epoch {self.epoch})")
 
     def _drained(self, progress: PipelineProgress, wall_timer_drain_s: float) -> bool:
         horizon = time.time() * 1000 + wall_timer_drain_s * 1000

@@ -16,7 +16,9 @@ from millstream import GeneratorInjector, Pipeline, Record  # noqa: E402
 def pipeline(max_skew_ms):
     fast = GeneratorInjector(lambda i: Record(f"k{i % 5}", i, i * 10), FAST, lambda n: n * 10,
                              max_records_per_read=300, name="fast")
-    slow = GeneratorInjector(lambda i: Record("s", i, i * 1_000), 60, lambda n: n * 1_000,
+    # The slow input's watermark moves 400 ms of event time per wall second, far slower than the fast
+    # one's 3 s per read on any machine, so without a limit the fast one runs ahead.
+    slow = GeneratorInjector(lambda i: Record("s", i, i * 100), 60, lambda n: n * 100,
                              records_per_second=4, name="slow")
     return (Pipeline("skew")
             .add_injector("fast", fast, "in", max_skew_ms=max_skew_ms)
