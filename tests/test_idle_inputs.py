@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
-from millstream import Computation, Injector, MapState, Pipeline, Record
+from bucket_counter import LateAwareCounter
+
+from millstream import Computation, Injector, Pipeline, Record
 from millstream.model.injector import Offset
 from millstream.testing import PipelineHarness
 
@@ -38,24 +40,6 @@ class Controlled(Injector):
         return self.batches[offset["n"] - 1][1] if offset["n"] else -(2**47)
 
 
-class Windows(Computation):
-    counts = MapState[int, int]("counts")
-
-    def process_record(self, ctx, record):
-        if ctx.is_late:
-            ctx.produce(Record(ctx.key, {"late": record.timestamp}, record.timestamp), "late")
-            return
-        bucket = record.timestamp - record.timestamp % 100
-        ctx.state(self.counts).put(bucket, ctx.state(self.counts).get(bucket, 0) + 1)
-        ctx.set_timer(f"w{bucket}", bucket + 100)
-
-    def process_timer(self, ctx, timer):
-        bucket = timer.time - 100
-        ctx.produce(Record(ctx.key, {"bucket": bucket, "n": ctx.state(self.counts).get(bucket),
-                                     "fired_at": ctx.low_watermark}, timer.time), "windows")
-        ctx.state(self.counts).remove(bucket)
-
-
 class Forward(Computation):
     def process_record(self, ctx, record):
         ctx.produce(record, "copy")
@@ -66,7 +50,7 @@ def build(quiet_after_ms: int | None):
     pipeline = (Pipeline("idle")
                 .add_injector("active", active, "in")
                 .add_injector("quiet", quiet, "in", idle_after_ms=quiet_after_ms)
-                .add_computation("windows", Windows(), ["in"], ["windows", "late"])
+                .add_computation("windows", LateAwareCounter(100), ["in"], ["windows", "late"])
                 .add_computation("forward", Forward(), ["windows"], ["copy"]))
     return pipeline, active, quiet
 

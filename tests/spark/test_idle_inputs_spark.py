@@ -6,28 +6,12 @@ import json
 import os
 from collections import Counter
 
-from millstream import END_OF_TIME, Computation, FileInjector, GeneratorInjector, MapState, Pipeline, Record
+from bucket_counter import LateAwareCounter
+
+from millstream import END_OF_TIME, FileInjector, GeneratorInjector, Pipeline, Record
 from millstream.spark.runner import SparkRunner
 
 EVENTS = 2_400
-
-
-class Windows(Computation):
-    counts = MapState[int, int]("counts")
-
-    def process_record(self, ctx, record):
-        if ctx.is_late:
-            ctx.produce(Record(ctx.key, {"late": record.timestamp}, record.timestamp), "late")
-            return
-        bucket = record.timestamp - record.timestamp % 1_000
-        ctx.state(self.counts).put(bucket, ctx.state(self.counts).get(bucket, 0) + 1)
-        ctx.set_timer(f"w{bucket}", bucket + 1_000)
-
-    def process_timer(self, ctx, timer):
-        bucket = timer.time - 1_000
-        ctx.produce(Record(ctx.key, {"bucket": bucket, "n": ctx.state(self.counts).get(bucket),
-                                     "fired_at": ctx.low_watermark}, timer.time), "windows")
-        ctx.state(self.counts).remove(bucket)
 
 
 def write(directory, name, records):
@@ -46,7 +30,7 @@ def test_a_quiet_injector_declared_idle_lets_the_other_one_through(spark, tmp_pa
     pipeline = (Pipeline("idle")
                 .add_injector("steady", steady, "in")
                 .add_injector("files", FileInjector(str(files), creation="name"), "in", idle_after_ms=2_000)
-                .add_computation("windows", Windows(), ["in"], ["windows", "late"]))
+                .add_computation("windows", LateAwareCounter(1000), ["in"], ["windows", "late"]))
     runner = SparkRunner(pipeline, root=str(tmp_path / "root"), spark=spark, trigger_ms=200)
     returned = []
 
