@@ -39,3 +39,15 @@ def test_the_skew_limit_bounds_what_waits_and_changes_no_output():
     # Without the limit the fast input runs ahead of the slow one's watermark and its windows pile
     # up waiting; with it, at most ~2 s of fast input waits at a time.
     assert limited_peak * 5 < unlimited_peak, (limited_peak, unlimited_peak)
+
+
+def test_while_the_stages_behind_have_published_nothing_the_injector_reads_only_up_to_the_limit():
+    fast = GeneratorInjector(lambda i: Record(f"k{i % 5}", i, i * 10), FAST, lambda n: n * 10,
+                             max_records_per_read=300, name="fast")
+    pipeline = (Pipeline("skew").add_injector("fast", fast, "in", max_skew_ms=2_000)
+                .add_computation("windows", BucketCounter(100), ["in"], ["windows"]))
+    h = PipelineHarness(pipeline)
+    assert h.pull_injectors()  # the first read
+    assert not h.pull_injectors()  # windows has not run: the injector waits for it
+    h.step()
+    assert h.pull_injectors()

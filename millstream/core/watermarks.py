@@ -160,19 +160,29 @@ class WatermarkCoalescer:
         return self._coalesced
 
 
-def too_far_ahead(injector_watermark: int, downstream_watermarks: Iterable[int], max_skew_ms: int | None) -> bool:
+def too_far_ahead(injector_watermark: int, downstream_watermarks: Iterable[int], max_skew_ms: int | None,
+                  started_at: int = BEGINNING_OF_TIME) -> bool:
     """The skew limit: an injector stops reading while a computation downstream of it has published
-    a low watermark more than `max_skew_ms` behind the injector's (computations that have published
-    nothing yet do not count: they are still starting).
+    a low watermark more than `max_skew_ms` behind the injector's. A computation that has published
+    nothing yet (or only the beginning of time) counts as being where the injector started this run,
+    `started_at`: so while the stages behind are starting, the injector reads at most up to the
+    limit and one read past it, not as far as it likes.
 
     >>> too_far_ahead(10_000, [9_500, 2_000], max_skew_ms=5_000)
     True
     >>> too_far_ahead(10_000, [9_500], max_skew_ms=5_000), too_far_ahead(10_000, [], max_skew_ms=5_000)
     (False, False)
+
+    Nothing published downstream yet, the injector started at 0: it may read until it passes 5 s.
+
+    >>> too_far_ahead(3_000, [BEGINNING_OF_TIME], 5_000, started_at=0)
+    False
+    >>> too_far_ahead(6_000, [BEGINNING_OF_TIME], 5_000, started_at=0)
+    True
     """
     if max_skew_ms is None:
         return False
-    behind = [w for w in downstream_watermarks if w > BEGINNING_OF_TIME]
+    behind = [w if w > BEGINNING_OF_TIME else started_at for w in downstream_watermarks]
     return bool(behind) and injector_watermark - min(behind) > max_skew_ms
 
 

@@ -134,8 +134,8 @@ def initial_offset(plan: SourcePlan) -> dict[str, Any]:
         if sender.injector is not None:
             partition = sender.plan.partition
             offset = plan.start_positions.get(sender.plan.name) or sender.injector.initial_offset(partition)  # type: ignore[arg-type]
-            senders[sender.plan.name] = {"offset": offset,
-                                         "watermark": sender.injector.low_watermark(partition, offset),  # type: ignore[arg-type]
+            watermark = sender.injector.low_watermark(partition, offset)  # type: ignore[arg-type]
+            senders[sender.plan.name] = {"offset": offset, "watermark": watermark, "started_at": watermark,
                                          "active_ms": int(time.time() * 1000)}
         else:
             senders[sender.plan.name] = {"position": plan.start_positions.get(sender.plan.name, -1),
@@ -173,7 +173,7 @@ def plan_next_batch(plan: SourcePlan, start: dict[str, Any], wall_timer_due: boo
         if sender.injector is not None:
             partition = sender.plan.partition
             if sender.max_skew_ms is not None and too_far_ahead(item["watermark"], downstream_watermarks(
-                    sender.downstream), sender.max_skew_ms):
+                    sender.downstream), sender.max_skew_ms, item.get("started_at", BEGINNING_OF_TIME)):
                 continue  # the skew limit: wait for the stages behind to catch up
             end = sender.injector.latest_offset(partition, item["offset"], cap)  # type: ignore[arg-type]
             watermark = max(item["watermark"], sender.injector.low_watermark(partition, end))  # type: ignore[arg-type]
@@ -185,7 +185,7 @@ def plan_next_batch(plan: SourcePlan, start: dict[str, Any], wall_timer_due: boo
                     senders[name] = {**item, "active_ms": active}
                 continue
             points.append(_point(coalescer.advance(name, watermark), name, start=item["offset"], end=end))
-            senders[name] = {"offset": end, "watermark": watermark, "active_ms": now}
+            senders[name] = {**item, "offset": end, "watermark": watermark, "active_ms": now}
             continue
         log = PublicationLog(plan.root, sender.plan.producer)
         position = item["position"]

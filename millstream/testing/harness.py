@@ -148,7 +148,8 @@ class PipelineHarness:
             codec = self.pipeline.codec(node.stream)
             downstream = [self._runs[c].output_watermark for c in self.pipeline.downstream(node.stream)]
             for partition in node.injector.partitions():
-                if too_far_ahead(self._watermarks[(name, partition)], downstream, node.max_skew_ms):
+                # The harness's injectors start at the beginning of time.
+                if too_far_ahead(self._watermarks[(name, partition)], downstream, node.max_skew_ms, BEGINNING_OF_TIME):
                     continue  # the skew limit: wait for the stages behind to catch up
                 start = self._offsets[(name, partition)]
                 end = node.injector.latest_offset(partition, start, max_records)
