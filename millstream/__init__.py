@@ -1,5 +1,6 @@
 """millstream: Google's MillWheel programming model for Python, executed by Spark Structured Streaming."""
 
+from millstream.injectors.dataframe import DataFrameInjector
 from millstream.injectors.files import FileInjector
 from millstream.injectors.generator import GeneratorInjector
 from millstream.injectors.heuristic import HeuristicWatermark
@@ -18,7 +19,7 @@ from millstream.windows import (
 
 __all__ = [
     "BEGINNING_OF_TIME", "DEAD_LETTERS", "END_OF_TIME", "BytesCodec", "Codec", "CodecError", "Collect",
-    "Computation", "ComputationInfo", "Context", "Count", "ErrorPolicy", "FileInjector", "Fold",
+    "Computation", "ComputationInfo", "Context", "Count", "DataFrameInjector", "ErrorPolicy", "FileInjector", "Fold",
     "GeneratorInjector", "HeuristicWatermark", "Injector", "IntervalJoin", "JsonCodec", "KafkaInjector", "KafkaInjectorError", "KafkaMessage",
     "ListState", "Malformed", "MapState", "Max", "Min", "Offset", "PickleCodec", "Pipeline", "PipelineError",
     "Production", "Record", "ScriptedInjector", "SlidingWindows", "StrCodec", "Sum", "TimeDomain", "Timer",

@@ -15,6 +15,21 @@ from typing import Any
 from millstream.spark.storage import Storage
 
 
+# Failures that say nothing about the pipeline (a machine too busy for a Python worker to connect back
+# in time): the query is restarted from its checkpoint, a bounded number of times, after a pause that
+# grows, since a rapid retry meets the same load.
+_TRANSIENT = ("Python worker failed to connect back", "Timed out while waiting for the Python worker")
+MAX_RESTARTS = 12
+RESTART_BACKOFF_CAP_S = 20.0
+
+
+def restart_after(error: Any, restarts_so_far: int) -> float | None:
+    """Seconds to wait before restarting a query that failed with `error`, or None: do not restart."""
+    if restarts_so_far >= MAX_RESTARTS or not any(p in str(error) for p in _TRANSIENT):
+        return None
+    return min(RESTART_BACKOFF_CAP_S, 0.5 * 2.0 ** (restarts_so_far + 1))
+
+
 class MillstreamRunError(RuntimeError):
     """A computation's query failed; the message carries the user-level cause, not Spark's trace."""
 

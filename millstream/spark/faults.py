@@ -7,7 +7,8 @@ computation). The points are the moments between two commits, where a crash hurt
 - `staged`: a batch's output is staged, Spark has not committed it yet;
 - `committed`: Spark has committed the batch, millstream has not published it yet;
 - `published`: the batch is published, its sinks have not received it yet;
-- `delivered`: a sink has received the batch, its progress is not recorded yet.
+- `delivered`: a sink has received the batch, its progress is not recorded yet;
+- `input-staged`: a DataFrame injector's micro-batch is staged, Spark has not committed it yet.
 
 Nothing happens when the variable is not set.
 """
@@ -19,7 +20,7 @@ import signal
 import sys
 import threading
 
-POINTS = ("staged", "committed", "published", "delivered")
+POINTS = ("staged", "committed", "published", "delivered", "input-staged")
 _counts: dict[str, int] = {}
 _lock = threading.Lock()
 

@@ -12,7 +12,10 @@ Policy (`SparkRunner(retain_logs_s=...)`, default one hour; None keeps everythin
   whole: retention never deletes output nobody has taken.
 - Claims stay (fencing and take-over look for the newest one); they are one small file per driver
   start. The newest batch entry stays too (a restart resumes from it).
-- Injector streams are not logged: their sources keep them.
+- Injector streams are not logged: their sources keep them. A DataFrame injector's staged batches
+  (injectors/dataframe.py) follow the same rule: a staged batch goes once every consumer's last
+  committed Spark batch read past it and it was staged more than `retain_logs_s` ago; the newest
+  stays. A computation added later with `start="earliest"` reads it from the oldest batch kept.
 
 Worked example: computation `windower` publishes positions 0..9; consumer `totals` has committed a
 batch that read up to position 6, the sink `out` delivered up to 8. Entries 0..6 are deleted once they
@@ -26,6 +29,7 @@ import time
 from typing import TYPE_CHECKING
 
 from millstream.core.plan import ComputationPlan
+from millstream.injectors.dataframe import DataFrameInjector
 from millstream.spark.publog import BATCH, CLAIM
 from millstream.spark.storage import Storage
 
@@ -64,7 +68,27 @@ class LogRetention:
             read_up_to = self.read_up_to(name, pipeline, commits, sinks)
             if read_up_to is not None:
                 deleted += self._prune_log(commit, read_up_to, cutoff_ms)
+        for name, node in pipeline.injectors.items():
+            if isinstance(node.injector, DataFrameInjector) and node.injector.storage is not None:
+                read = self.staged_read_up_to(name, commits)
+                if read is not None:
+                    node.injector.prune_staged(read, cutoff_ms)
         return deleted
+
+    def staged_read_up_to(self, injector: str, commits: dict[str, "ComputationCommit"]) -> int | None:
+        """The last staged batch of a DataFrame injector every consumer's committed batch is past."""
+        batches: list[int] = []
+        for commit in commits.values():
+            senders = [s.name for plan in (*commit.fused, commit.plan) for s in plan.senders()
+                       if s.is_injector and s.producer == injector]
+            if not senders:
+                continue
+            last = commit.checkpoint.last_committed()
+            offset = commit.checkpoint.end_offset(last) if last >= 0 else None
+            for sender in senders:
+                item = (offset or {}).get("senders", {}).get(sender)
+                batches.append(item["offset"]["batch"] if item else -1)
+        return min(batches) if batches else None
 
     def read_up_to(self, producer: str, pipeline: "Pipeline", commits: dict[str, "ComputationCommit"],
                    sinks: "SinkDelivery | None") -> int | None:

@@ -32,7 +32,8 @@ from millstream.core.plan import DEFAULT_KEY_GROUPS, ComputationPlan, plan_compu
 from millstream.model.pipeline import ErrorPolicy, Pipeline, PipelineError, Production
 from millstream.model.records import BEGINNING_OF_TIME, END_OF_TIME, Record
 from millstream.spark.commit import BatchStager, Checkpoint, ComputationCommit, Publisher, wake_file
-from millstream.spark.errors import MillstreamRunError, reported_failure, user_error_message
+from millstream.spark.errors import MillstreamRunError, reported_failure, restart_after, user_error_message
+from millstream.spark.feeds import Feeds
 from millstream.spark.fencing import Lease, RootInUse, driver_info
 from millstream.spark.operator import FUSED_SCHEMA, OUTPUT_SCHEMA, FusedProducerProcessor, KeyGroupProcessor
 from millstream.spark.publog import BATCH, CLAIM, Fenced, FencedWriter, PublicationLog
@@ -44,10 +45,6 @@ from millstream.spark.writer import FileSink
 
 __all__ = ["ComputationProgress", "MillstreamRunError", "PipelineProgress", "RootInUse", "SparkRunner", "read_progress"]
 
-# Failures that say nothing about the pipeline: the query is restarted from its checkpoint.
-_TRANSIENT = ("Python worker failed to connect back", "Timed out while waiting for the Python worker")
-MAX_RESTARTS = 12
-RESTART_BACKOFF_CAP_S = 20.0
 # Version of the state and log layout under a root; a root written by another version is refused.
 LAYOUT_FORMAT = 3
 
@@ -186,6 +183,8 @@ class SparkRunner:
         self.retention = LogRetention(self.root, retain_logs_s)
         self._progress_callbacks: list[Callable[[str, Any], None]] = []
         self._listener: Any = None
+        # DataFrame injectors stage their input under the root first (before plans are pickled).
+        self.feeds = Feeds(pipeline, self.storage, self.checkpoint_root, trigger_ms)
 
     def _layout(self, key_groups: int) -> int:
         """State is partitioned by key group, and a fused (weak) pair shares one checkpoint: a resumed
@@ -245,6 +244,7 @@ class SparkRunner:
         self._ensure_listener()
         parallelism = self._parallelism or int(spark.sparkContext.defaultParallelism)
         spark.conf.set("spark.sql.shuffle.partitions", str(max(1, min(parallelism, self.key_groups))))
+        self.feeds.start(self.pipeline.name)
         for name in self.commits:
             self._queries[name] = self._start_query(name)
 
@@ -511,6 +511,11 @@ class SparkRunner:
             if component is not None and component.failure is not None:
                 self.stop()
                 raise MillstreamRunError(str(component.failure)) from component.failure
+        try:
+            self.feeds.raise_if_failed(self.pipeline.name, self.log_dir)
+        except MillstreamRunError:
+            self.stop()
+            raise
         for name, query in list(self._queries.items()):
             error = query.exception()
             if error is None:
@@ -520,12 +525,10 @@ class SparkRunner:
             with open(os.path.join(self.log_dir, "errors.log"), "a") as log:
                 log.write(f"--- computation {name!r} failed at {time.ctime()}\n{details}\n")
             reported = reported_failure(self.root, name, self._started_ms)
-            if reported is None and any(p in str(error) for p in _TRANSIENT) and \
-                    self._restarts.get(name, 0) < MAX_RESTARTS:
+            delay = restart_after(error, self._restarts.get(name, 0)) if reported is None else None
+            if delay is not None:
                 self._restarts[name] = self._restarts.get(name, 0) + 1
-                # A machine too busy for a worker to connect back in time needs a moment, not a
-                # rapid retry that meets the same load.
-                time.sleep(min(RESTART_BACKOFF_CAP_S, 0.5 * 2 ** self._restarts[name]))
+                time.sleep(delay)
                 self._queries[name] = self._start_query(name)
                 continue
             self.stop()
@@ -533,6 +536,7 @@ class SparkRunner:
             raise MillstreamRunError(f"{message}\n(full trace in {os.path.join(self.log_dir, 'errors.log')})") from None
 
     def stop(self) -> None:
+        self.feeds.stop()
         for query in self._queries.values():
             try:
                 query.stop()
