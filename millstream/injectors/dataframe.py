@@ -241,7 +241,7 @@ class DataFrameInjector(Injector):
         """Delete staged batches up to `read_up_to` (every reader is past them) staged before
         `cutoff_ms`; the newest stays (the next batch's watermark builds on it). Returns how many went."""
         staged = self._staged()
-        below = (staged.read_json("PRUNED.json") or {"below": 0})["below"]
+        below = int((staged.read_json("PRUNED.json") or {"below": 0})["below"])
         newest = max((int(n.split(".")[0]) for n in staged.list("batches") if n.endswith(".json")), default=-1)
         batch = below
         while batch <= min(read_up_to, newest - 1):
