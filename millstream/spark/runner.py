@@ -677,22 +677,59 @@ def _check_weak_productions(pipeline: Pipeline) -> dict[str, str]:
 
 def _pickle_user_code_by_value(pipeline: Pipeline) -> None:
     """Spark's Python workers may not be able to import the user's modules (tests, notebooks,
-    scripts): ship them by value. Installed packages and millstream itself are imported normally."""
+    scripts, a project run with `millstream run`): ship them by value. Installed packages and
+    millstream itself are imported normally. The user's code may sit inside millstream's own objects
+    (a GeneratorInjector's function, a window's aggregator), so the pipeline's objects are walked."""
     from pyspark import cloudpickle
 
     objects: list[Any] = [n.computation for n in pipeline.computations.values()]
     objects += [n.injector for n in pipeline.injectors.values()]
     objects += [f for n in pipeline.computations.values() for f in n.inputs.values()]
     objects += [n.writer for n in pipeline.sinks.values() if n.writer is not None]
-    for obj in objects:
-        module_name = getattr(obj, "__module__", None) or type(obj).__module__
+    for module_name in _modules_referenced(objects):
         module = sys.modules.get(module_name)
         if module is None or module_name == "__main__" or module_name.startswith(("millstream.", "builtins")):
             continue
         path = getattr(module, "__file__", "") or ""
-        if "site-packages" in path:
+        if "site-packages" in path or "dist-packages" in path or not path.endswith(".py") or \
+                path.startswith(sys.base_prefix):
             continue
         try:
             cloudpickle.register_pickle_by_value(module)
         except ValueError:
             pass
+
+
+def _modules_referenced(objects: list[Any], depth: int = 4) -> set[str]:
+    """Modules of the classes and functions reachable from `objects` through attributes and
+    containers, `depth` levels deep."""
+    found: set[str] = set()
+    seen: set[int] = set()
+    frontier = list(objects)
+    for _ in range(depth):
+        following: list[Any] = []
+        for obj in frontier:
+            if id(obj) in seen or obj is None or isinstance(obj, (str, bytes, int, float, bool)):
+                continue
+            seen.add(id(obj))
+            module = getattr(obj, "__module__", None) or type(obj).__module__
+            if isinstance(module, str):
+                found.add(module)
+            if isinstance(obj, dict):
+                following += list(obj.values())
+            elif isinstance(obj, (list, tuple, set, frozenset)):
+                following += list(obj)
+            elif callable(obj) and hasattr(obj, "__closure__"):
+                following += [c.cell_contents for c in (obj.__closure__ or ()) if _filled(c)]
+            elif hasattr(obj, "__dict__") and not isinstance(obj, type):
+                following += list(vars(obj).values())
+        frontier = following
+    return found
+
+
+def _filled(cell: Any) -> bool:
+    try:
+        cell.cell_contents
+        return True
+    except ValueError:  # an empty cell
+        return False

@@ -1,13 +1,17 @@
 """The same pipeline on a Spark standalone cluster (a master and a worker started here, on 127.0.0.1)
 with its root on an S3 endpoint: configuration only, same result as ground truth."""
 
+import importlib
+import json
 import os
 import socket
 import subprocess
 import sys
 import time
+from collections import Counter
 
 import pyspark
+import pytest
 
 ROOT_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SPARK_CLASS = os.path.join(os.path.dirname(pyspark.__file__), "bin", "spark-class")
@@ -47,12 +51,15 @@ def wait_for_log(path, text, process, limit_s=60):
     raise AssertionError(f"{text!r} not in {path}:\n" + open(path, errors="replace").read()[-3000:])
 
 
-def test_pipeline_runs_unchanged_on_a_standalone_cluster_with_a_remote_root(tmp_path, s3_server):
-    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_WORKER_DIR": str(tmp_path / "work"),
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """A Spark standalone master and one worker on 127.0.0.1: (master URL, master log, environment)."""
+    here = tmp_path_factory.mktemp("cluster")
+    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_WORKER_DIR": str(here / "work"),
            "PYTHONPATH": ROOT_DIR}
     port = free_port()
     master_url = f"spark://127.0.0.1:{port}"
-    master_log, worker_log = tmp_path / "master.log", tmp_path / "worker.log"
+    master_log, worker_log = here / "master.log", here / "worker.log"
     master = subprocess.Popen([SPARK_CLASS, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
                                "--port", str(port), "--webui-port", str(free_port())],
                               env=env, stdout=open(master_log, "w"), stderr=subprocess.STDOUT)
@@ -63,15 +70,7 @@ def test_pipeline_runs_unchanged_on_a_standalone_cluster_with_a_remote_root(tmp_
                                    "--cores", "2", "--memory", "2g", "--webui-port", str(free_port()), master_url],
                                   env=env, stdout=open(worker_log, "w"), stderr=subprocess.STDOUT)
         wait_for_log(worker_log, "Successfully registered with master", worker)
-
-        root = s3_server.location("cluster-run")
-        run = subprocess.run([sys.executable, "-c", PIPELINE, master_url, root, str(tmp_path / "checkpoints")],
-                             cwd=ROOT_DIR, env=env, capture_output=True, text=True, timeout=400)
-        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-        assert f"MASTER {master_url}" in run.stdout
-        # the work ran in an executor the master placed on the worker, not in the driver
-        assert "Launching executor" in open(master_log, errors="replace").read()
-        assert "Asked to launch executor" in open(worker_log, errors="replace").read()
+        yield master_url, master_log, env
     finally:
         for process in (worker, master):
             if process is not None:
@@ -80,3 +79,58 @@ def test_pipeline_runs_unchanged_on_a_standalone_cluster_with_a_remote_root(tmp_
                     process.wait(timeout=20)
                 except subprocess.TimeoutExpired:
                     process.kill()
+
+
+def executors_launched(master_log):
+    return open(master_log, errors="replace").read().count("Launching executor")
+
+
+def test_pipeline_runs_unchanged_on_a_standalone_cluster_with_a_remote_root(tmp_path, s3_server, cluster):
+    master_url, master_log, env = cluster
+    before = executors_launched(master_log)
+    root = s3_server.location("cluster-run")
+    run = subprocess.run([sys.executable, "-c", PIPELINE, master_url, root, str(tmp_path / "checkpoints")],
+                         cwd=ROOT_DIR, env=env, capture_output=True, text=True, timeout=400)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert f"MASTER {master_url}" in run.stdout
+    # the work ran in an executor the master placed on the worker, not in the driver
+    assert executors_launched(master_log) > before
+
+
+def test_a_project_from_millstream_new_runs_with_millstream_run_locally_and_on_the_cluster(tmp_path, cluster):
+    """The README's path for a user's own pipeline: `millstream new`, then `millstream run` on local
+    Spark and on a standalone cluster; both give the harness's result."""
+    master_url, master_log, env = cluster
+    command = [sys.executable, "-m", "millstream"]
+    made = subprocess.run([*command, "new", "clicks", "--directory", str(tmp_path)], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert made.returncode == 0, made.stdout + made.stderr
+    project = tmp_path / "clicks"
+    # Ground truth in plain Python: clicks per page and minute of the project's own sample input.
+    sys.path.insert(0, str(project))
+    try:
+        sample = importlib.import_module("pipeline")
+    finally:
+        sys.path.remove(str(project))
+        sys.modules.pop("pipeline", None)
+    truth = Counter()
+    for click in map(sample.sample_click, range(6_000)):
+        truth[(click.key, click.timestamp - click.timestamp % sample.MINUTE_MS)] += 1
+    for name, where in (("harness", ["--runner", "harness"]),
+                        ("local", ["--master", "local[2]", "--root", str(tmp_path / "local")]),
+                        ("cluster", ["--master", master_url, "--root", str(tmp_path / "cluster")])):
+        before = executors_launched(master_log)
+        ran = subprocess.run([*command, "run", "pipeline:pipeline", *where], cwd=project, env=env,
+                             capture_output=True, text=True, timeout=400, stdin=subprocess.DEVNULL)
+        assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
+        assert "6,000 records in this run" in ran.stdout, ran.stdout[-3000:]
+        if name == "harness":
+            assert f"clicks_per_minute: {len(truth)} records" in ran.stdout, ran.stdout[-3000:]
+            continue
+        output = project / "clicks-output"
+        rows = [json.loads(line) for f in sorted(output.glob("*.jsonl")) for line in open(f)]
+        assert Counter({(r["key"], r["value"]["start"]): r["value"]["value"] for r in rows}) == truth
+        assert len(rows) == len(truth)
+        output.rename(project / f"{name}-output")
+        if name == "cluster":
+            assert executors_launched(master_log) > before  # the cluster did the work
