@@ -19,6 +19,13 @@ Pairs are stamped with the later of the two times; unmatched left rows with the 
 decided (l.time + upper_ms + 1). Values are kept with pickle (the join's own state, never read from
 outside), so any value a stream carries can be joined.
 
+**On a second time column, by keyed watermarks** (seed 001's use of them): with `left_time` /
+`right_time` (a function of the record giving its join time) and `left_watermark` /
+`right_watermark` (the watermark key each side publishes for that time), the interval is taken on
+those times, each side's lateness is judged by its own keyed watermark, and its rows wait on timers
+that follow the *other* side's keyed watermark alone. Output records keep event-time stamps (the
+later of the two records' timestamps; an unmatched left row its own, or the low watermark if later).
+
 >>> from millstream import Pipeline, Record, ScriptedInjector
 >>> from millstream.testing import PipelineHarness
 >>> join = IntervalJoin("clicks", "buys", lower_ms=0, upper_ms=100, how="left")
@@ -41,6 +48,7 @@ from millstream.model.records import Record, Timer
 from millstream.model.state import MapState
 
 Combine = Callable[[Record[Any], "Record[Any] | None"], Any]
+JoinTime = Callable[[Record[Any]], int]
 
 
 def _pair(left: Record[Any], right: Record[Any] | None) -> Any:
@@ -56,7 +64,9 @@ class IntervalJoin(Computation):
     right_rows = MapState[str, tuple]("right_rows", value_codec=PickleCodec())
 
     def __init__(self, left: str, right: str, lower_ms: int, upper_ms: int, how: str = "inner",
-                 output: str = "joined", late_stream: str | None = None, combine: Combine = _pair) -> None:
+                 output: str = "joined", late_stream: str | None = None, combine: Combine = _pair,
+                 left_time: JoinTime | None = None, right_time: JoinTime | None = None,
+                 left_watermark: str | None = None, right_watermark: str | None = None) -> None:
         if how not in ("inner", "left"):
             raise ValueError(f"how must be 'inner' or 'left', got {how!r}")
         if lower_ms > upper_ms:
@@ -66,35 +76,54 @@ class IntervalJoin(Computation):
         self.left, self.right = left, right
         self.lower_ms, self.upper_ms = lower_ms, upper_ms
         self.how, self.output, self.late_stream, self.combine = how, output, late_stream, combine
+        for which, time_of, watermark in (("left", left_time, left_watermark), ("right", right_time, right_watermark)):
+            if (time_of is None) != (watermark is None):
+                raise ValueError(f"{which}_time and {which}_watermark go together: a join time needs the keyed "
+                                 "watermark that promises it")
+            if time_of is not None and not callable(time_of):
+                raise ValueError(f"{which}_time must be a function of the record")
+        self.times = {left: left_time, right: right_time}
+        self.watermarks = {left: left_watermark, right: right_watermark}
 
     @property
     def outputs(self) -> list[str]:
         return [self.output] + ([self.late_stream] if self.late_stream else [])
 
+    def _time(self, side: str, record: Record[Any]) -> int:
+        time_of = self.times[side]
+        return record.timestamp if time_of is None else int(time_of(record))
+
+    def _watermark(self, ctx: Context, side: str) -> int:
+        """What `side`'s join times are promised to be at or after."""
+        key = self.watermarks[side]
+        return ctx.input_watermark(side) if key is None else ctx.watermark(key)
+
     def process_record(self, ctx: Context, record: Record[Any]) -> None:
-        side = ctx.input_stream
-        if record.timestamp < ctx.input_watermark(side):  # type: ignore[arg-type]
+        side: str = ctx.input_stream  # type: ignore[assignment]
+        time = self._time(side, record)
+        if time < self._watermark(ctx, side):
             if self.late_stream:
                 ctx.produce(Record(ctx.key, {"side": side, "value": record.value, "id": record.id}, record.timestamp),
                             self.late_stream)
             return
         lefts, rights = ctx.state(self.left_rows), ctx.state(self.right_rows)
+        # Rows: left (time, value, matched, stamp), right (time, value, stamp); stamp = event time.
         if side == self.left:
             matched = False
-            for rid, (time, value) in rights.items():
-                if record.timestamp + self.lower_ms <= time <= record.timestamp + self.upper_ms:
-                    self._emit(ctx, record, Record(ctx.key, value, time, rid))
+            for rid, row in rights.items():
+                if time + self.lower_ms <= row[0] <= time + self.upper_ms:
+                    self._emit(ctx, record, Record(ctx.key, row[1], _stamp(row, 2), rid))
                     matched = True
-            lefts.put(record.id, (record.timestamp, record.value, matched))
-            ctx.set_timer(f"L{record.id}", record.timestamp + self.upper_ms + 1)
+            lefts.put(record.id, (time, record.value, matched, record.timestamp))
+            ctx.set_timer(f"L{record.id}", time + self.upper_ms + 1, watermark=self.watermarks[self.right])
         else:
-            for lid, (time, value, matched) in lefts.items():
-                if time + self.lower_ms <= record.timestamp <= time + self.upper_ms:
-                    self._emit(ctx, Record(ctx.key, value, time, lid), record)
-                    if not matched:
-                        lefts.put(lid, (time, value, True))
-            rights.put(record.id, (record.timestamp, record.value))
-            ctx.set_timer(f"R{record.id}", record.timestamp - self.lower_ms + 1)
+            for lid, row in lefts.items():
+                if row[0] + self.lower_ms <= time <= row[0] + self.upper_ms:
+                    self._emit(ctx, Record(ctx.key, row[1], _stamp(row, 3), lid), record)
+                    if not row[2]:
+                        lefts.put(lid, (row[0], row[1], True, _stamp(row, 3)))
+            rights.put(record.id, (time, record.value, record.timestamp))
+            ctx.set_timer(f"R{record.id}", time - self.lower_ms + 1, watermark=self.watermarks[self.left])
 
     def process_timer(self, ctx: Context, timer: Timer) -> None:
         row_id = timer.tag[1:]
@@ -104,11 +133,17 @@ class IntervalJoin(Computation):
         lefts = ctx.state(self.left_rows)
         row = lefts.get(row_id)
         assert row is not None, f"left row {row_id!r} is held until its own timer"
-        time, value, matched = row
         lefts.remove(row_id)
-        if not matched and self.how == "left":
-            ctx.produce(Record(ctx.key, self.combine(Record(ctx.key, value, time, row_id), None), timer.time),
+        if not row[2] and self.how == "left":
+            # Decided now: stamped when decided (by event time for a join on another time column).
+            stamp = timer.time if timer.watermark is None else max(_stamp(row, 3), ctx.low_watermark)
+            ctx.produce(Record(ctx.key, self.combine(Record(ctx.key, row[1], _stamp(row, 3), row_id), None), stamp),
                         self.output)
 
     def _emit(self, ctx: Context, left: Record[Any], right: Record[Any]) -> None:
         ctx.produce(Record(ctx.key, self.combine(left, right), max(left.timestamp, right.timestamp)), self.output)
+
+
+def _stamp(row: tuple[int, ...], index: int) -> int:
+    """A row's event-time stamp (rows kept before stamps were stored have their join time)."""
+    return row[index] if len(row) > index else row[0]

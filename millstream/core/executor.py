@@ -39,7 +39,7 @@ from millstream.core.store import KeyStore, StoredKey
 from millstream.core.watermarks import Segment
 from millstream.model.codecs import CodecError
 from millstream.model.pipeline import DEAD_LETTERS, ErrorPolicy
-from millstream.model.records import END_OF_TIME, Record, TimeDomain, Timer
+from millstream.model.records import BEGINNING_OF_TIME, END_OF_TIME, Record, TimeDomain, Timer
 from millstream.model.state import StateSpec
 
 __all__ = ["ComputationError", "ComputationFailed", "Delivery", "KeyGroupExecutor", "Produced", "StepMetrics",
@@ -123,10 +123,12 @@ class _Invocation:
 
     __slots__ = ("_plan", "_state", "_key", "_low_watermark", "_wall_time", "_late", "_stream",
                  "_cause", "_setter", "_produced", "_out", "_segment", "_handles", "_order", "_advanced",
-                 "_inputs", "_after", "_by_spec", "_name", "_codecs")
+                 "_inputs", "_after", "_by_spec", "_name", "_codecs", "_segments")
 
-    def __init__(self, plan: ComputationPlan, state: KeyState, key: str, wall_time: int, out: list[Produced]) -> None:
+    def __init__(self, plan: ComputationPlan, state: KeyState, key: str, wall_time: int, out: list[Produced],
+                 segments: Sequence[Segment] = ()) -> None:
         self._plan = plan
+        self._segments = segments  # the step's input points (keyed watermarks are read from them)
         self._state = state
         self._key = key
         self._wall_time = wall_time
@@ -182,6 +184,14 @@ class _Invocation:
         raise ComputationError(f"computation {self._plan.name!r} has no input stream {stream!r}; its inputs: "
                                f"{sorted(i.stream for i in self._plan.inputs)}")
 
+    def watermark(self, key: str) -> int:
+        if self._segments:
+            for name, before, after in self._segments[self._segment].keyed:
+                if name == key:
+                    return after if self._after else before
+        raise ComputationError(f"computation {self._plan.name!r}: no input carries watermark key {key!r}; the "
+                               f"keyed watermarks its inputs carry: {list(self._plan.watermark_keys)}")
+
     def state(self, spec: StateSpec) -> Any:
         known = self._by_spec.get(id(spec))
         if known is not None and known[0] is spec:  # the spec object seen before in this key's step
@@ -208,9 +218,13 @@ class _Invocation:
         self._handles[declared.name] = handle
         return handle
 
-    def set_timer(self, tag: str, time: int, domain: TimeDomain = TimeDomain.LOW_WATERMARK) -> None:
+    def set_timer(self, tag: str, time: int, domain: TimeDomain = TimeDomain.LOW_WATERMARK,
+                  watermark: str | None = None) -> None:
         if type(tag) is not str or type(time) is not int or not -END_OF_TIME <= time <= END_OF_TIME:
             self._bad_timer(tag, time)
+        if watermark is not None:
+            self._set_keyed_timer(tag, time, domain, watermark)
+            return
         if domain is TimeDomain.LOW_WATERMARK:
             wall = False
         elif domain is TimeDomain.WALL_TIME or domain == TimeDomain.WALL_TIME.value:
@@ -223,6 +237,19 @@ class _Invocation:
         if setter is None:  # a timer firing sets a timer: its identity, hashed to stay bounded
             setter = self._setter = timer_setter(self._cause)
         self._state.set_timer(tag, time, wall, setter, self._segment)
+
+    def _set_keyed_timer(self, tag: str, time: int, domain: TimeDomain, watermark: str) -> None:
+        if domain not in (TimeDomain.LOW_WATERMARK, TimeDomain.LOW_WATERMARK.value):
+            raise ComputationError(f"{self._plan.name}: timer {tag!r} follows watermark key {watermark!r}, so its "
+                                   f"domain is the low watermark's, not {domain!r}")
+        if watermark not in self._plan.watermark_keys:
+            raise ComputationError(f"{self._plan.name}: timer {tag!r} follows watermark key {watermark!r}, which no "
+                                   f"input carries; the keyed watermarks its inputs carry: "
+                                   f"{list(self._plan.watermark_keys)}")
+        setter = self._setter
+        if setter is None:
+            setter = self._setter = timer_setter(self._cause)
+        self._state.set_timer(tag, time, False, setter, self._segment, watermark)
 
     def _bad_timer(self, tag: Any, time: Any) -> None:
         if not isinstance(tag, str):
@@ -315,7 +342,8 @@ class _KeyStep:
         self.skip_items, self.skip_timers, self.flush_each = skip_items, skip_timers, flush_each
         self.store = executor.store
         self.seen: dict[str, int] = {}  # ids of injected records this step, with their marks
-        self.ctx = _Invocation(self.plan, self.state, key, wall_time, self.out)
+        self.ctx = _Invocation(self.plan, self.state, key, wall_time, self.out, segments)
+        self.keyed_advanced = executor.keyed_advanced
         self.firings = 0
         self.timers_before = len(self.state.timers)
 
@@ -362,7 +390,7 @@ class _KeyStep:
         this is the per-record hot path)."""
         state, ctx, plan = self.state, self.ctx, self.plan
         process_record = plan.computation.process_record
-        low_watermark, advanced, inputs, _ = self.segments[j]
+        low_watermark, advanced, inputs = self.segments[j][:3]
         skip, seen, key, flush_each = self.skip_items, self.seen, self.key, self.flush_each
         store_seen = self.store.seen
         # What every invocation of this point shares (see _Invocation._begin).
@@ -405,7 +433,7 @@ class _KeyStep:
         admitted = [(index, d) for index, d in items if index not in self.skip_items and self.admit(d, j)]
         if not admitted:
             return
-        low_watermark, advanced, inputs, _ = self.segments[j]
+        low_watermark, advanced, inputs = self.segments[j][:3]
         records = [d.record for _, d in admitted]
         self.metrics.late += sum(1 for r in records if r.timestamp < low_watermark)
         first = admitted[0][1]
@@ -432,12 +460,14 @@ class _KeyStep:
         skip = self.skip_timers
         single = len(segments) == 1
         lw = low_watermark
+        keyed_at = {name: after for name, _, after in segments[boundary].keyed}  # keyed timers fire by these
         wall_time = self.wall_time if wall else -END_OF_TIME - 1
         key, flush_each, metrics = self.key, self.flush_each, self.metrics
         while True:
             timers = state.timers
             due = sorted([(timer[0], tag) for tag, timer in timers.items()
-                          if timer[0] <= (wall_time if timer[1] else lw)])
+                          if timer[0] <= (wall_time if timer[1] else
+                                          keyed_at.get(timer[3], BEGINNING_OF_TIME) if timer[3] else lw)])
             if not due:
                 return
             version = state.timer_version
@@ -449,8 +479,8 @@ class _KeyStep:
                         "fires again at once, forever"
                     )
                 self.firings += 1
-                time, wall_timer, setter = timers.pop(tag)
-                point = boundary if (wall_timer or single) else self.timer_point(tag, time, boundary)
+                time, wall_timer, setter, watermark_key = timers.pop(tag)
+                point = boundary if (wall_timer or single) else self.timer_point(tag, time, boundary, watermark_key)
                 if skip and (tag, time, setter) in skip:
                     continue
                 metrics.timers_fired += 1
@@ -461,7 +491,8 @@ class _KeyStep:
                 ctx._low_watermark, ctx._segment, ctx._advanced, ctx._inputs, ctx._after = (
                     at, point, at, segments[point].inputs, True)
                 try:
-                    process_timer(ctx, _new_tuple(Timer, (time, tag, _WALL if wall_timer else _LOW_WATERMARK)))
+                    process_timer(ctx, _new_tuple(Timer, (time, tag, _WALL if wall_timer else _LOW_WATERMARK,
+                                                          watermark_key or None)))
                     if flush_each:
                         state.flush(plan.state_specs)
                 except Exception as error:
@@ -471,19 +502,20 @@ class _KeyStep:
             else:
                 return
 
-    def timer_point(self, tag: str, time: int, boundary: int) -> int:
+    def timer_point(self, tag: str, time: int, boundary: int, watermark_key: str = "") -> int:
         """The input point a low-watermark firing belongs to: the first one whose advanced watermark
-        reached the timer, but not before the point in which the timer was set. (Wall-time firings
-        belong to the step's last point.)"""
+        (the timer's keyed watermark, for a keyed timer) reached the timer, but not before the point
+        in which the timer was set. (Wall-time firings belong to the step's last point.)"""
         earliest = self.state.earliest_boundary(tag)
-        return min(boundary, max(earliest, bisect.bisect_left(self.advanced, time)))
+        advanced = self.keyed_advanced[watermark_key] if watermark_key else self.advanced
+        return min(boundary, max(earliest, bisect.bisect_left(advanced, time)))
 
     def stored(self) -> StoredKey | None:
         state = self.state
         if state.is_empty():
             return None
-        lw, wall = state.wake_times(self.plan.ttls)
-        return StoredKey(state.dumps(), lw, wall)
+        lw, wall, keyed = state.wake_times(self.plan.ttls)
+        return StoredKey(state.dumps(), lw, wall, tuple(sorted(keyed.items())))
 
 
 class KeyGroupExecutor:
@@ -493,6 +525,7 @@ class KeyGroupExecutor:
         self.plan = plan
         self.store = store
         self.advanced: list[int] = []
+        self.keyed_advanced: dict[str, list[int]] = {}  # per watermark key, its advanced value per point
 
     def step(self, deliveries: Iterable[Delivery], segments: Sequence[Segment], wall_time: int,
              passthrough: Sequence[Produced] = ()) -> StepResult:
@@ -502,6 +535,7 @@ class KeyGroupExecutor:
         if not segments:
             raise ValueError("a step has at least one input point (a heartbeat: Segment(wm, wm))")
         self.advanced = [s.advanced_to for s in segments]
+        self.keyed_advanced = {name: [s.keyed_after()[name] for s in segments] for name, _, _ in segments[0].keyed}
         by_key: dict[str, list[tuple[int, Delivery]]] = {}
         for index, delivery in enumerate(deliveries):
             items = by_key.get(delivery.key)
@@ -512,7 +546,7 @@ class KeyGroupExecutor:
         last = segments[-1].advanced_to
         keys = list(by_key)
         known = set(keys)
-        keys.extend(k for k in self.store.due(last, wall_time) if k not in known)
+        keys.extend(k for k in self.store.due(last, wall_time, segments[-1].keyed_after()) if k not in known)
         blobs = self.store.load(keys)
         out: list[Produced] = list(passthrough)
         metrics = StepMetrics(dead_letters=len(passthrough))

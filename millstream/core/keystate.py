@@ -31,6 +31,7 @@ class PendingTimer(NamedTuple):
     time: int
     wall: bool  # True: wall-time domain
     setter: str  # the cause that set it: part of the firing's identity (and its productions' ids)
+    watermark: str = ""  # the watermark key it follows ("": the low watermark)
 
 
 class KeyState:
@@ -124,8 +125,8 @@ class KeyState:
         self._boundary.clear()
 
     # -- timers --------------------------------------------------------------------------------
-    def set_timer(self, tag: str, time: int, wall: bool, setter: str, boundary: int) -> None:
-        self.timers[tag] = _new_tuple(PendingTimer, (time, wall, setter))
+    def set_timer(self, tag: str, time: int, wall: bool, setter: str, boundary: int, watermark: str = "") -> None:
+        self.timers[tag] = _new_tuple(PendingTimer, (time, wall, setter, watermark))
         self._boundary[tag] = boundary
         self.timer_version += 1
 
@@ -137,28 +138,23 @@ class KeyState:
         """The first boundary of this step a timer may fire at (0 for timers from earlier steps)."""
         return self._boundary.get(tag, 0)
 
-    def next_due(self, low_watermark: int, wall_time: int) -> tuple[str, PendingTimer] | None:
-        """The next timer to fire: the earliest (time, tag) among those due."""
-        best: tuple[str, PendingTimer] | None = None
-        for tag, timer in self.timers.items():
-            if timer.time <= (wall_time if timer.wall else low_watermark):
-                if best is None or (timer.time, tag) < (best[1].time, best[0]):
-                    best = (tag, timer)
-        return best
-
-    def wake_times(self, ttls: dict[str, int]) -> tuple[int | None, int | None]:
-        """(low-watermark time, wall time) at which this key next has work: a user timer or an
-        expiring state value."""
+    def wake_times(self, ttls: dict[str, int]) -> tuple[int | None, int | None, dict[str, int]]:
+        """(low-watermark time, wall time, per watermark key its time) at which this key next has
+        work: a user timer or an expiring state value."""
         lw = wall = None
+        keyed: dict[str, int] = {}
         for timer in self.timers.values():
             if timer.wall:
                 wall = timer.time if wall is None or timer.time < wall else wall
+            elif timer.watermark:
+                known = keyed.get(timer.watermark)
+                keyed[timer.watermark] = timer.time if known is None or timer.time < known else known
             elif lw is None or timer.time < lw:
                 lw = timer.time
         for name, mark in self.written.items():
             expiry = mark + ttls[name] + 1
             lw = expiry if lw is None or expiry < lw else lw
-        return lw, wall
+        return lw, wall, keyed
 
     def expire(self, low_watermark: int, ttls: dict[str, int]) -> None:
         """Forget state values whose TTL is up at `low_watermark`."""
@@ -167,7 +163,8 @@ class KeyState:
                 self.drop(name)
 
     def user_timers(self) -> list[Timer]:
-        return sorted(Timer(t.time, tag, TimeDomain.WALL_TIME if t.wall else TimeDomain.LOW_WATERMARK)
+        return sorted(Timer(t.time, tag, TimeDomain.WALL_TIME if t.wall else TimeDomain.LOW_WATERMARK,
+                            t.watermark or None)
                       for tag, t in self.timers.items())
 
 

@@ -50,6 +50,7 @@ class SenderPlan:
     producer: str
     partition: str | None  # injector partition; None for a computation's stream log
     dedup: bool  # only injected records can arrive twice: internal streams are exactly-once
+    watermark_keys: tuple[str, ...] = ()  # the keyed watermarks this sender publishes
 
     @property
     def is_injector(self) -> bool:
@@ -132,10 +133,23 @@ class ComputationPlan:
         """A coalescer for this computation's senders, grouped by input stream."""
         from millstream.core.watermarks import WatermarkCoalescer
 
-        return WatermarkCoalescer(self.sender_names(), groups=self.sender_groups())
+        return WatermarkCoalescer(self.sender_names(), groups=self.sender_groups(), keyed=self.keyed_senders())
 
     def sender_groups(self) -> dict[str, list[str]]:
         return {i.stream: [s.name for s in i.senders] for i in self.inputs}
+
+    def keyed_senders(self) -> dict[str, list[str]]:
+        """Watermark key -> the senders that carry it."""
+        carriers: dict[str, list[str]] = {}
+        for sender in self.senders():
+            for key in sender.watermark_keys:
+                carriers.setdefault(key, []).append(sender.name)
+        return carriers
+
+    @property
+    def watermark_keys(self) -> tuple[str, ...]:
+        """The keyed watermarks this computation's inputs carry (and it forwards)."""
+        return tuple(sorted(self.keyed_senders()))
 
     @property
     def ttls(self) -> dict[str, int]:
@@ -154,9 +168,12 @@ def plan_computation(pipeline: Pipeline, name: str, key_groups: int = DEFAULT_KE
             if producer in pipeline.injectors:
                 for partition in pipeline.injectors[producer].injector.partitions():
                     senders.append(SenderPlan(sender_name(stream, producer, partition), stream, producer, partition,
-                                              dedup=node.exactly_once))
+                                              dedup=node.exactly_once,
+                                              watermark_keys=pipeline.watermark_keys(producer)))
             else:
-                senders.append(SenderPlan(sender_name(stream, producer), stream, producer, None, dedup=False))
+                keys = () if stream == DEAD_LETTERS else pipeline.watermark_keys(producer)
+                senders.append(SenderPlan(sender_name(stream, producer), stream, producer, None, dedup=False,
+                                          watermark_keys=keys))
         inputs.append(InputPlan(stream, tuple(senders), extractor, pipeline.codec(stream)))
     outputs = {stream: pipeline.codec(stream) for stream in node.outputs}
     outputs[DEAD_LETTERS] = DEFAULT_CODEC

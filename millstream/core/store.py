@@ -1,15 +1,16 @@
 """Where a key group's keys live between steps: the contract the executor writes through.
 
-A store keeps, per key, its KeyState blob and its two wake-up times (the next low-watermark time and
-the next wall time at which the key has work), and answers "which keys are due" without reading every
-key; and the key group's dedup index (dedup.py). The harness uses `MemoryKeyStore`; the Spark runner a
-store whose truth is Spark's state store.
+A store keeps, per key, its KeyState blob and its wake-up times (the next low-watermark time, the
+next wall time and, per watermark key, the next keyed-watermark time at which the key has work), and
+answers "which keys are due" without reading every key; and the key group's dedup index (dedup.py).
+The harness uses `MemoryKeyStore`; the Spark runner a store whose truth is Spark's state store.
 """
 
 from __future__ import annotations
 
 import heapq
-from typing import Iterable, Iterator, NamedTuple, Protocol
+from functools import partial
+from typing import Callable, Iterable, Iterator, Mapping, NamedTuple, Protocol
 
 from millstream.core.dedup import DedupIndex
 
@@ -18,6 +19,7 @@ class StoredKey(NamedTuple):
     blob: bytes
     wake_lw: int | None  # low-watermark time of the key's next work (timer, expiry), if any
     wake_wall: int | None  # wall time of its next wall-time timer, if any
+    wake_keyed: tuple[tuple[str, int], ...] = ()  # (watermark key, time) of its next timer on each keyed watermark
 
 
 class KeyStore(Protocol):
@@ -25,8 +27,9 @@ class KeyStore(Protocol):
         """Blobs of the given keys that exist."""
         ...
 
-    def due(self, low_watermark: int, wall_time: int) -> list[str]:
-        """Keys whose low-watermark wake-up is <= low_watermark or wall wake-up <= wall_time."""
+    def due(self, low_watermark: int, wall_time: int, keyed: Mapping[str, int] | None = None) -> list[str]:
+        """Keys whose low-watermark wake-up is <= low_watermark, wall wake-up <= wall_time, or
+        wake-up on a keyed watermark <= that key's watermark in `keyed`."""
         ...
 
     def seen(self, key: str, record_id: str) -> bool:
@@ -52,19 +55,25 @@ class MemoryKeyStore:
         self.dedup = DedupIndex()
         self._lw: list[tuple[int, str]] = []
         self._wall: list[tuple[int, str]] = []
+        self._keyed: dict[str, list[tuple[int, str]]] = {}  # watermark key -> its wake-up heap
 
     def load(self, keys: Iterable[str]) -> dict[str, bytes]:
         blobs = self.blobs
         return {key: blobs[key].blob for key in keys if key in blobs}
 
-    def due(self, low_watermark: int, wall_time: int) -> list[str]:
+    def due(self, low_watermark: int, wall_time: int, keyed: Mapping[str, int] | None = None) -> list[str]:
         found: set[str] = set()
-        for heap, limit, field in ((self._lw, low_watermark, 1), (self._wall, wall_time, 2)):
+        wakes: list[tuple[list[tuple[int, str]], int, Callable[[StoredKey], int | None]]] = [
+            (self._lw, low_watermark, _wake_lw), (self._wall, wall_time, _wake_wall)]
+        for watermark_key, limit in (keyed or {}).items():
+            if watermark_key in self._keyed:
+                wakes.append((self._keyed[watermark_key], limit, partial(_wake_keyed, watermark_key)))
+        for heap, limit, wake in wakes:
             valid = []
             while heap and heap[0][0] <= limit:
                 time, key = heapq.heappop(heap)
                 stored = self.blobs.get(key)
-                if stored is not None and stored[field] == time:
+                if stored is not None and wake(stored) == time:
                     found.add(key)
                     valid.append((time, key))
             # Still due until a save gives the key new wake-ups (a failed step saves nothing).
@@ -93,6 +102,8 @@ class MemoryKeyStore:
                 heapq.heappush(self._lw, (stored.wake_lw, key))
             if stored.wake_wall is not None:
                 heapq.heappush(self._wall, (stored.wake_wall, key))
+            for watermark_key, time in stored.wake_keyed:
+                heapq.heappush(self._keyed.setdefault(watermark_key, []), (time, key))
 
     def next_wall_time(self) -> int | None:
         heap = self._wall
@@ -106,3 +117,15 @@ class MemoryKeyStore:
 
     def keys(self) -> Iterator[str]:
         return iter(sorted(self.blobs))
+
+
+def _wake_lw(stored: StoredKey) -> int | None:
+    return stored.wake_lw
+
+
+def _wake_wall(stored: StoredKey) -> int | None:
+    return stored.wake_wall
+
+
+def _wake_keyed(watermark_key: str, stored: StoredKey) -> int | None:
+    return dict(stored.wake_keyed).get(watermark_key)

@@ -16,6 +16,11 @@ Terms
   A step's input points follow a fixed order (sender by name, then position), so a step's outcome does
   not depend on how a runner batches: Spark merging three upstream publications into one micro-batch
   runs exactly the input points the harness runs one step at a time.
+- *keyed watermark* (seed 001): a stream may carry watermarks besides its low watermark, each named by
+  a *watermark key* (say "shipped_at" for a second time column of its records). Each key is coalesced
+  on its own, exactly as the low watermark is, over the senders that carry it: a sender that does not
+  carry a key says nothing about it and does not hold it. Idleness is the sender's, not the key's: an
+  idle sender is left out of every key's minimum (seed 001: "the key in idle messages is ignored").
 - *output watermark* of a computation (MillWheel's low watermark of A): min(input watermark, oldest
   pending work of A). A computation publishes after an input point only once every record of it is
   processed and every timer it made due has fired, so its oldest pending work is never older than its
@@ -38,6 +43,16 @@ Worked example (the Hazelcast design's, senders 0 and 1):
 (-140737488355328, 10, 11, 11, 13)
 >>> c.mark_idle("1"), c.observe("0", 20)
 (14, 20)
+
+Keyed: sender "a" carries watermark key "ship", "b" does not, so "ship" is a's alone; the low
+watermark is still the minimum of both.
+
+>>> c = WatermarkCoalescer(["a", "b"], keyed={"ship": ["a"]})
+>>> point = c.advance("a", 50, keyed={"ship": 30})
+>>> point.advanced_to, point.keyed
+(-140737488355328, (('ship', -140737488355328, 30),))
+>>> c.advance("b", 40).advanced_to, c.keyed_watermark("ship")
+(40, 30)
 """
 
 from __future__ import annotations
@@ -59,6 +74,12 @@ class Segment(NamedTuple):
     # Per input stream: (stream, its watermark before the point, after it), for ctx.input_watermark.
     inputs: tuple[tuple[str, int, int], ...] = ()
     idle: bool = False  # every sender is idle after the point: the computation is idle
+    # Per watermark key: (key, its coalesced watermark before the point, after it).
+    keyed: tuple[tuple[str, int, int], ...] = ()
+
+    def keyed_after(self) -> dict[str, int]:
+        """Each watermark key's coalesced watermark after the point."""
+        return {key: after for key, _, after in self.keyed}
 
 
 class WatermarkCoalescer:
@@ -66,13 +87,14 @@ class WatermarkCoalescer:
 
     >>> c = WatermarkCoalescer(["a/x", "b/y"], groups={"a": ["a/x"], "b": ["b/y"]})
     >>> c.advance("a/x", 50)
-    Segment(low_watermark=-140737488355328, advanced_to=-140737488355328, inputs=(('a', -140737488355328, 50), ('b', -140737488355328, -140737488355328)), idle=False)
+    Segment(low_watermark=-140737488355328, advanced_to=-140737488355328, inputs=(('a', -140737488355328, 50), ('b', -140737488355328, -140737488355328)), idle=False, keyed=())
     >>> c.advance("b/y", 20, idle=True).advanced_to  # b goes quiet: a alone holds the minimum
     50
     """
 
     def __init__(self, inputs: Iterable[str], coalesced: int = BEGINNING_OF_TIME,
-                 groups: dict[str, list[str]] | None = None) -> None:
+                 groups: dict[str, list[str]] | None = None, keyed: dict[str, list[str]] | None = None) -> None:
+        """`groups`: input stream -> its senders; `keyed`: watermark key -> the senders carrying it."""
         self._watermarks: dict[str, int] = {name: BEGINNING_OF_TIME for name in inputs}
         if not self._watermarks:
             raise ValueError("a coalescer needs at least one input")
@@ -80,16 +102,42 @@ class WatermarkCoalescer:
         self._coalesced = coalesced
         self._groups = {name: list(members) for name, members in sorted((groups or {}).items())}
         self._group_marks = {name: BEGINNING_OF_TIME for name in self._groups}
+        # One coalescer per watermark key, over the senders that carry it (seed 001: "as if it was two
+        # separate streams").
+        self._keyed = {key: WatermarkCoalescer(carriers) for key, carriers in sorted((keyed or {}).items())}
 
     @classmethod
     def restore(cls, watermarks: dict[str, int], coalesced: int, idle: Iterable[str] = (),
                 groups: dict[str, list[str]] | None = None,
-                group_marks: dict[str, int] | None = None) -> "WatermarkCoalescer":
-        coalescer = cls(watermarks, coalesced, groups)
+                group_marks: dict[str, int] | None = None, keyed: dict[str, list[str]] | None = None,
+                keyed_marks: dict[str, dict[str, int]] | None = None,
+                keyed_coalesced: dict[str, int] | None = None) -> "WatermarkCoalescer":
+        """A coalescer as `inputs()`, `coalesced`, `idle()`, `group_marks()`, `keyed_inputs()` and
+        `keyed_watermarks()` described it."""
+        coalescer = cls(watermarks, coalesced, groups, keyed)
         coalescer._watermarks.update(watermarks)
         coalescer._idle.update(idle)
         coalescer._group_marks.update(group_marks or {})
+        for key, sub in coalescer._keyed.items():
+            sub._watermarks.update((keyed_marks or {}).get(key, {}))
+            sub._idle.update(name for name in idle if sub.has_input(name))
+            sub._coalesced = (keyed_coalesced or {}).get(key, BEGINNING_OF_TIME)
         return coalescer
+
+    def keyed_watermark(self, key: str) -> int:
+        """The coalesced watermark of one watermark key."""
+        return self._keyed[key].coalesced
+
+    def keyed_watermarks(self) -> dict[str, int]:
+        return {key: sub.coalesced for key, sub in self._keyed.items()}
+
+    def keyed_inputs(self) -> dict[str, dict[str, int]]:
+        """Per watermark key, each carrying sender's own watermark."""
+        return {key: sub.inputs() for key, sub in self._keyed.items()}
+
+    def sender_keyed(self, name: str) -> dict[str, int]:
+        """The keyed watermarks sender `name` has published."""
+        return {key: sub.input_watermark(name) for key, sub in self._keyed.items() if sub.has_input(name)}
 
     @property
     def all_idle(self) -> bool:
@@ -105,6 +153,9 @@ class WatermarkCoalescer:
     def input_watermark(self, name: str) -> int:
         """One sender's own watermark, for computations that track inputs separately (joins)."""
         return self._watermarks[name]
+
+    def has_input(self, name: str) -> bool:
+        return name in self._watermarks
 
     def inputs(self) -> dict[str, int]:
         return dict(self._watermarks)
@@ -126,27 +177,41 @@ class WatermarkCoalescer:
         self._idle.discard(name)
         return self._recompute()
 
-    def advance(self, name: str, watermark: int, idle: bool = False) -> Segment:
+    def advance(self, name: str, watermark: int, idle: bool = False,
+                keyed: dict[str, int] | None = None) -> Segment:
         """The input point of sender `name` publishing `watermark` after records (and declaring
-        itself idle, with `idle`): the coalesced watermark before and after, per input stream too."""
+        itself idle, with `idle`; and its keyed watermarks, with `keyed`, where it carries them): the
+        coalesced watermark before and after, per input stream and per watermark key too."""
         before = self._coalesced
         groups_before = dict(self._group_marks)
         if watermark > self._watermarks[name]:
             self._watermarks[name] = watermark
         after = self.mark_idle(name) if idle else self.observe(name, watermark)
         inputs = tuple((group, groups_before[group], self._group_marks[group]) for group in self._groups)
-        return Segment(before, after, inputs, self.all_idle)
+        keyed_points = []
+        for key, sub in self._keyed.items():
+            if sub.has_input(name):
+                mark = max(sub.input_watermark(name), (keyed or {}).get(key, BEGINNING_OF_TIME))
+                point = sub.advance(name, mark, idle)
+            else:
+                point = sub.hold()
+            keyed_points.append((key, point.low_watermark, point.advanced_to))
+        return Segment(before, after, inputs, self.all_idle, tuple(keyed_points))
 
     def hold(self) -> Segment:
         """A point where nothing moved (a heartbeat)."""
         now = self._coalesced
-        return Segment(now, now, tuple((g, m, m) for g, m in self._group_marks.items()), self.all_idle)
+        return Segment(now, now, tuple((g, m, m) for g, m in self._group_marks.items()), self.all_idle,
+                       tuple((key, sub.coalesced, sub.coalesced) for key, sub in self._keyed.items()))
 
     def mark_idle(self, name: str) -> int:
         """Exclude sender `name` until it publishes again; returns the coalesced watermark."""
         if name not in self._watermarks:
             raise KeyError(name)
         self._idle.add(name)
+        for sub in self._keyed.values():
+            if sub.has_input(name):
+                sub.mark_idle(name)
         return self._recompute()
 
     def _recompute(self) -> int:
@@ -184,6 +249,24 @@ def too_far_ahead(injector_watermark: int, downstream_watermarks: Iterable[int],
         return False
     behind = [w if w > BEGINNING_OF_TIME else started_at for w in downstream_watermarks]
     return bool(behind) and injector_watermark - min(behind) > max_skew_ms
+
+
+def output_keyed_watermarks(previous_output: dict[str, int], segments: Sequence[Segment]) -> list[dict[str, int]]:
+    """The same rule per watermark key: each key's input watermark after each point, never below
+    what was published before. (A timer on a keyed watermark that a point made due fires before the
+    point is published, so the key's oldest pending work is not older.)
+
+    >>> output_keyed_watermarks({"ship": 9}, [Segment(0, 0, keyed=(("ship", 5, 7),)),
+    ...                                        Segment(0, 0, keyed=(("ship", 7, 12),))])
+    [{'ship': 9}, {'ship': 12}]
+    """
+    published = []
+    current = dict(previous_output)
+    for segment in segments:
+        for key, _, after in segment.keyed:
+            current[key] = max(current.get(key, BEGINNING_OF_TIME), after)
+        published.append(dict(current))
+    return published
 
 
 def output_watermarks(previous_output: int, segments: Sequence[Segment]) -> list[int]:

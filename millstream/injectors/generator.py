@@ -11,7 +11,7 @@ pipeline its own name).
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from millstream.model.injector import Injector, Offset
 from millstream.model.records import END_OF_TIME, Record, derive_record_id
@@ -38,7 +38,11 @@ class GeneratorInjector(Injector):
         max_records_per_read: int = 100_000,
         name: str = "generator",
         partitions: int = 1,
+        keyed_watermarks: Mapping[str, Callable[[int], int]] | None = None,
     ) -> None:
+        """`low_watermark(n)`: the watermark once every index below n is read (per partition, n is the
+        next index it reads). `keyed_watermarks`: watermark key -> the same kind of function, for
+        keyed watermarks (`Injector.watermark_keys`)."""
         if total < 0:
             raise ValueError("total must be >= 0")
         if partitions < 1:
@@ -50,6 +54,8 @@ class GeneratorInjector(Injector):
         self.max_records_per_read = max_records_per_read
         self.name = name
         self.partition_count = partitions
+        self.keyed_watermark_at = dict(keyed_watermarks or {})
+        self.watermark_keys = tuple(sorted(self.keyed_watermark_at))
 
     def partitions(self) -> Sequence[str]:
         return tuple(str(p) for p in range(self.partition_count))
@@ -89,3 +95,9 @@ class GeneratorInjector(Injector):
         if index >= self.total:
             return END_OF_TIME
         return self.watermark_at(index)
+
+    def keyed_watermarks(self, partition: str, offset: Offset) -> Mapping[str, int]:
+        index = int(partition) + offset["next"] * self.partition_count
+        if index >= self.total:
+            return {key: END_OF_TIME for key in self.keyed_watermark_at}
+        return {key: at(index) for key, at in self.keyed_watermark_at.items()}

@@ -52,7 +52,7 @@ records of a sudden delay (an outage upstream) are late before the bound grows.
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from millstream.model.injector import Injector, Malformed, Offset
 from millstream.model.records import BEGINNING_OF_TIME, Record
@@ -213,6 +213,7 @@ class HeuristicWatermark(Injector):
         if warmup_records is not None and (isinstance(warmup_records, bool) or warmup_records < 0):
             raise ValueError(f"warmup_records must be >= 0 or None, got {warmup_records!r}")
         self.injector = injector
+        self.watermark_keys = tuple(injector.watermark_keys)  # keyed watermarks pass through, strict
         self.quantile = float(quantile)
         self.half_life_ms = half_life_ms
         self.warmup_records = 10.0 / (1.0 - self.quantile) if warmup_records is None else float(warmup_records)
@@ -243,6 +244,9 @@ class HeuristicWatermark(Injector):
     def low_watermark(self, partition: str, offset: Offset) -> int:
         heuristic: int = offset["lateness"]["watermark"]
         return max(self.injector.low_watermark(partition, offset["inner"]), heuristic)
+
+    def keyed_watermarks(self, partition: str, offset: Offset) -> Mapping[str, int]:
+        return self.injector.keyed_watermarks(partition, offset["inner"])
 
     def is_finished(self, partition: str, offset: Offset) -> bool:
         return self.injector.is_finished(partition, offset["inner"])

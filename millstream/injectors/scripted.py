@@ -1,14 +1,15 @@
 """An injector that replays a fixed script of steps: for tests and conformance runs.
 
-Each step is a list of records and the low watermark the injector publishes once the step is read.
+Each step is a list of records and the low watermark the injector publishes once the step is read
+(and, optionally, its keyed watermarks then).
 One step is released per read (the Spark runner's micro-batch, the harness's step), so both runners
 see the same sequence of injections and watermark advances.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Mapping, Sequence
 
 from millstream.model.injector import Injector, Malformed, Offset
 from millstream.model.records import BEGINNING_OF_TIME, END_OF_TIME, Record, derive_record_id
@@ -18,6 +19,7 @@ from millstream.model.records import BEGINNING_OF_TIME, END_OF_TIME, Record, der
 class Step:
     records: tuple[Record[Any] | Malformed, ...]
     watermark: int
+    keyed: Mapping[str, int] = field(default_factory=dict)
 
 
 class ScriptedInjector(Injector):
@@ -27,22 +29,39 @@ class ScriptedInjector(Injector):
     >>> first = inj.latest_offset("0", inj.initial_offset("0"), None)
     >>> [r.value for r in inj.read("0", inj.initial_offset("0"), first)], inj.low_watermark("0", first)
     ([1], 10)
+
+    A step may add its keyed watermarks, for the keys named in `watermark_keys`:
+
+    >>> inj = ScriptedInjector("s", [([], 10, {"ship": 4})], watermark_keys=("ship",))
+    >>> inj.keyed_watermarks("0", inj.latest_offset("0", inj.initial_offset("0"), None))
+    {'ship': 140737488355327}
     """
 
-    def __init__(self, name: str, steps: Sequence[tuple[Sequence[Record[Any] | Malformed], int]],
-                 finish: bool = True) -> None:
-        """`steps`: (records, watermark after the step). With `finish`, the watermark becomes
-        END_OF_TIME after the last step, so every pending low-watermark timer fires."""
+    def __init__(self, name: str, steps: Sequence[tuple[Any, ...]], finish: bool = True,
+                 watermark_keys: Sequence[str] = ()) -> None:
+        """`steps`: (records, watermark after the step) or (records, watermark, keyed watermarks
+        after the step). With `finish`, every watermark becomes END_OF_TIME after the last step, so
+        every pending timer fires."""
+        self.watermark_keys = tuple(watermark_keys)
         previous = BEGINNING_OF_TIME
+        keyed_previous = {key: BEGINNING_OF_TIME for key in self.watermark_keys}
         self.steps: list[Step] = []
-        for number, (records, watermark) in enumerate(steps):
+        for number, (records, watermark, *rest) in enumerate(steps):
             if watermark < previous:
                 raise ValueError(f"step {number}: watermark {watermark} goes back from {previous}")
             previous = watermark
+            keyed = dict(rest[0]) if rest else {}
+            for key, mark in keyed.items():
+                if key not in keyed_previous:
+                    raise ValueError(f"step {number}: watermark key {key!r} is not in watermark_keys")
+                if mark < keyed_previous[key]:
+                    raise ValueError(f"step {number}: keyed watermark {key!r} {mark} goes back from "
+                                     f"{keyed_previous[key]}")
+            keyed_previous.update(keyed)
             self.steps.append(Step(tuple(
                 r if isinstance(r, Malformed) or r.id else r.with_id(derive_record_id(name, f"step{number}", i))
                 for i, r in enumerate(records)
-            ), watermark))
+            ), watermark, dict(keyed_previous)))
         self.finish = finish
 
     def initial_offset(self, partition: str) -> Offset:
@@ -60,3 +79,9 @@ class ScriptedInjector(Injector):
         if done >= len(self.steps) and self.finish:
             return END_OF_TIME
         return self.steps[done - 1].watermark if done else BEGINNING_OF_TIME
+
+    def keyed_watermarks(self, partition: str, offset: Offset) -> Mapping[str, int]:
+        done = offset["step"]
+        if done >= len(self.steps) and self.finish:
+            return {key: END_OF_TIME for key in self.watermark_keys}
+        return dict(self.steps[done - 1].keyed) if done else {key: BEGINNING_OF_TIME for key in self.watermark_keys}

@@ -59,6 +59,11 @@ class Context(Protocol):
         senders), at the same point as `low_watermark`: what a join needs to follow each side."""
         ...
 
+    def watermark(self, key: str) -> int:
+        """The coalesced watermark of watermark key `key` (a keyed watermark some input carries, see
+        `Injector.watermark_keys`), at the same point as `low_watermark`."""
+        ...
+
     @overload
     def state(self, spec: ValueState[T]) -> ValueHandle[T]: ...
 
@@ -72,9 +77,11 @@ class Context(Protocol):
         """The current key's handle for a state declared on the computation class."""
         ...
 
-    def set_timer(self, tag: str, time: int, domain: TimeDomain = TimeDomain.LOW_WATERMARK) -> None:
+    def set_timer(self, tag: str, time: int, domain: TimeDomain = TimeDomain.LOW_WATERMARK,
+                  watermark: str | None = None) -> None:
         """Set (or move) the key's timer `tag`. A low-watermark timer at or behind the current low
-        watermark fires in the same step, after the key's records of the current input point."""
+        watermark fires in the same step, after the key's records of the current input point.
+        `watermark`: a watermark key; the timer then fires once that keyed watermark reaches `time`."""
         ...
 
     def delete_timer(self, tag: str) -> None:

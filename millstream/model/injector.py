@@ -11,6 +11,11 @@ watermark, the timestamp below which it promises no more records (MillWheel sect
 injector's watermark is the minimum over all expected partitions, so it does not advance until every
 partition has reported. A record behind that promise is still delivered; consumers see it as late.
 
+An injector may publish *keyed watermarks* besides its low watermark (seed 001): one per name in
+`watermark_keys`, each a promise about another time its records carry (for example a "shipped_at"
+field of the value). Consumers coalesce each key on its own (`ctx.watermark(key)`) and may set timers
+on it. Injectors without keyed watermarks ignore both.
+
 A line of input the injector cannot parse is yielded as `Malformed` instead of a record: the runner
 sends it to the dead-letter stream (or stops, if the injector was added with on_malformed="fail").
 """
@@ -19,7 +24,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 from millstream.model.records import END_OF_TIME, Record
 
@@ -49,6 +54,9 @@ class Injector(ABC):
     [0, 1, 2]
     """
 
+    #: Names of the keyed watermarks this injector publishes besides its low watermark.
+    watermark_keys: tuple[str, ...] = ()
+
     def partitions(self) -> Sequence[str]:
         """The expected set of partitions, fixed for the life of a pipeline root."""
         return ("0",)
@@ -71,6 +79,12 @@ class Injector(ABC):
     def low_watermark(self, partition: str, offset: Offset) -> int:
         """The partition's published low watermark once everything up to `offset` has been read;
         `END_OF_TIME` once it will never produce again."""
+
+    def keyed_watermarks(self, partition: str, offset: Offset) -> Mapping[str, int]:
+        """The partition's keyed watermarks once everything up to `offset` has been read: one value
+        per name in `watermark_keys` (a name left out stays where it was), each a function of the
+        offset like `low_watermark`, never going back."""
+        return {}
 
     def is_finished(self, partition: str, offset: Offset) -> bool:
         """True when nothing will ever follow `offset` in `partition`."""

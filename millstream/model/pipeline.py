@@ -172,6 +172,11 @@ class Pipeline:
         partitions = list(injector.partitions())
         if not partitions or len(set(partitions)) != len(partitions) or not all(isinstance(p, str) for p in partitions):
             raise PipelineError(f"injector {name!r}: partitions() must return distinct str names, got {partitions!r}")
+        keys = getattr(injector, "watermark_keys", ())
+        if isinstance(keys, str) or not isinstance(keys, (tuple, list)) or len(set(keys)) != len(keys):
+            raise PipelineError(f"injector {name!r}: watermark_keys must be a tuple of distinct names, got {keys!r}")
+        for key in keys:
+            _check_name("watermark key", key)
         for option, value in (("idle_after_ms", idle_after_ms), ("max_skew_ms", max_skew_ms)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
                 raise PipelineError(f"injector {name!r}: {option} must be a positive int of milliseconds or None")
@@ -276,6 +281,27 @@ class Pipeline:
     def outputs(self, computation: str) -> tuple[str, ...]:
         """Every stream a computation may produce to: its declared outputs and the dead letters."""
         return (*self.computations[computation].outputs, DEAD_LETTERS)
+
+    def watermark_keys(self, producer: str) -> tuple[str, ...]:
+        """The keyed watermarks `producer` publishes on its streams (dead letters carry none): an
+        injector's own `watermark_keys`; a computation forwards every one its inputs carry.
+
+        >>> from millstream import Computation, GeneratorInjector, Record
+        >>> ships = GeneratorInjector(lambda i: Record("k", i, i), 3, lambda n: n,
+        ...                           keyed_watermarks={"ship": lambda n: n - 5})
+        >>> p = (Pipeline("p").add_injector("orders", ships, "orders")
+        ...      .add_computation("pass", Computation(), ["orders"], ["out"]))
+        >>> p.watermark_keys("orders"), p.watermark_keys("pass")
+        (('ship',), ('ship',))
+        """
+        if producer in self.injectors:
+            return tuple(self.injectors[producer].injector.watermark_keys)
+        found: set[str] = set()
+        for stream in self.computations[producer].inputs:
+            if stream != DEAD_LETTERS:
+                for upstream in self.producers(stream):
+                    found.update(self.watermark_keys(upstream))
+        return tuple(sorted(found))
 
     def consumers(self, stream: str) -> list[str]:
         return sorted(n.name for n in self.computations.values() if stream in n.inputs)

@@ -105,12 +105,13 @@ class Timer(NamedTuple):
     """A timer as delivered to `process_timer`: fires in (time, tag) order per key.
 
     >>> Timer(1_000, "flush")
-    Timer(time=1000, tag='flush', domain=<TimeDomain.LOW_WATERMARK: 'low_watermark'>)
+    Timer(time=1000, tag='flush', domain=<TimeDomain.LOW_WATERMARK: 'low_watermark'>, watermark=None)
     """
 
     time: int
     tag: str
     domain: TimeDomain = TimeDomain.LOW_WATERMARK
+    watermark: str | None = None  # the watermark key a low-watermark timer follows; None: the low watermark
 
 
 def derive_record_id(producer: str, *cause: object) -> str:

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from millstream.core.plan import ComputationPlan
-from millstream.core.watermarks import output_watermarks
+from millstream.core.watermarks import output_keyed_watermarks, output_watermarks
 from millstream.model.records import BEGINNING_OF_TIME
 from millstream.spark import faults
 from millstream.spark.fencing import Lease
@@ -81,7 +81,7 @@ def empty_status() -> dict[str, Any]:
 
 
 def next_status(previous: dict[str, Any], reports: list[dict[str, Any]], batch: int, end: dict[str, Any],
-                output: list[int]) -> dict[str, Any]:
+                output: list[int], keyed_output: list[dict[str, int]] | None = None) -> dict[str, Any]:
     """A computation's status after a batch: cumulative counters, watermarks, the next wall timer."""
     metrics = dict(previous["metrics"])
     for report in reports:
@@ -92,6 +92,9 @@ def next_status(previous: dict[str, Any], reports: list[dict[str, Any]], batch: 
         "batch": batch,
         "low_watermark": output[-1] if output else previous["low_watermark"],
         "input_watermark": end["watermark"],
+        # Published keyed watermarks (watermark key -> value), and the coalesced keyed input ones.
+        "keyed_watermarks": keyed_output[-1] if keyed_output else previous.get("keyed_watermarks", {}),
+        "keyed_input_watermarks": end.get("keyed", {}),
         "senders": {name: item["watermark"] for name, item in end["senders"].items()},
         # The last position read of each upstream publication log (its backlog: the entries after it).
         "positions": {name: item["position"] for name, item in end["senders"].items() if "position" in item},
@@ -156,14 +159,15 @@ class BatchStager:
         for member in (*commit.fused, plan):  # a fused computation's output points are its consumer's input
             previous = self.status_before(member.name, batch_id)
             output = output_watermarks(previous["low_watermark"], segments)
+            keyed_output = output_keyed_watermarks(previous.get("keyed_watermarks", {}), segments)
             mine = [r for r in reports if r["computation"] == member.name]
-            statuses[member.name] = next_status(previous, mine, batch_id, end, output)
+            statuses[member.name] = next_status(previous, mine, batch_id, end, output, keyed_output)
         status = statuses[plan.name]
         for files in streams.values():
             files.sort()
         manifest = {"type": BATCH, "batch": batch_id, "attempt": attempt, "output": output,
-                    "idle": [s.idle for s in segments], "streams": streams, "sinks": sinks, "status": status,
-                    "fused": {m.name: statuses[m.name] for m in commit.fused}}
+                    "idle": [s.idle for s in segments], "keyed": keyed_output, "streams": streams, "sinks": sinks,
+                    "status": status, "fused": {m.name: statuses[m.name] for m in commit.fused}}
         self.storage.write_json(staged_path(plan.name, commit.writer.epoch, batch_id), manifest)
         with commit.lock:
             commit.statuses[batch_id] = statuses

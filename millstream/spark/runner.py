@@ -63,6 +63,7 @@ class ComputationProgress:
     batches: int = 0
     wall_ms: int = 0
     next_wall_timer: int | None = None
+    keyed_watermarks: dict[str, int] = field(default_factory=dict)  # published, per watermark key
 
 
 @dataclass
@@ -613,6 +614,7 @@ def read_progress(storage: Storage, computations: list[str], injectors: set[str]
             batches=status.get("batch", -1) + 1,
             wall_ms=status.get("wall_ms", 0),
             next_wall_timer=status.get("next_wall_timer"),
+            keyed_watermarks=status.get("keyed_watermarks", {}),
         )
         watermarks: dict[str, int] = {}
         for sender, watermark in status.get("senders", {}).items():

@@ -100,8 +100,9 @@ class BatchPlan:
     @classmethod
     def loads(cls, blob: bytes) -> "BatchPlan":
         segments, wall = orjson.loads(blob)
-        return cls(tuple(Segment(low, high, tuple((stream, before, after) for stream, before, after in inputs), idle)
-                         for low, high, inputs, idle in segments), wall)
+        return cls(tuple(Segment(low, high, tuple((stream, before, after) for stream, before, after in inputs), idle,
+                                 tuple((key, before, after) for key, before, after in keyed))
+                         for low, high, inputs, idle, keyed in segments), wall)
 
     @classmethod
     def of_offset(cls, end: dict[str, Any]) -> "BatchPlan":
@@ -111,16 +112,38 @@ class BatchPlan:
 def batch_segments(end: dict[str, Any]) -> list[Segment]:
     """The input points of the batch ending at `end`. A batch with none (Spark's very first, before
     anything arrived) is a heartbeat where the watermark stands."""
-    points = [Segment(p["low"], p["high"], tuple(tuple(i) for i in p["inputs"]), p["idle"]) for p in end["points"]]
+    points = [Segment(p["low"], p["high"], tuple(tuple(i) for i in p["inputs"]), p["idle"],
+                      tuple(tuple(k) for k in p.get("keyed", ()))) for p in end["points"]]
     if points:
         return points
     inputs = tuple((stream, mark, mark) for stream, mark in sorted(end.get("inputs", {}).items()))
-    return [Segment(end["watermark"], end["watermark"], inputs, len(end.get("idle", [])) == len(end["senders"]))]
+    keyed = tuple((key, mark, mark) for key, mark in sorted(end.get("keyed", {}).items()))
+    return [Segment(end["watermark"], end["watermark"], inputs, len(end.get("idle", [])) == len(end["senders"]),
+                    keyed)]
 
 
 def _point(point: Segment, sender: str | None, **where: Any) -> dict[str, Any]:
     return {"sender": sender, "low": point.low_watermark, "high": point.advanced_to,
-            "inputs": [list(i) for i in point.inputs], "idle": point.idle, **where}
+            "inputs": [list(i) for i in point.inputs], "idle": point.idle,
+            "keyed": [list(k) for k in point.keyed], **where}
+
+
+def _injector_keyed(sender: Sender, offset: Any, known: dict[str, int]) -> dict[str, int]:
+    """An injector partition's keyed watermarks at `offset`, never below what it published before."""
+    published = sender.injector.keyed_watermarks(sender.plan.partition, offset)  # type: ignore[union-attr,arg-type]
+    return {key: max(known.get(key, BEGINNING_OF_TIME), published.get(key, BEGINNING_OF_TIME))
+            for key in sender.plan.watermark_keys}
+
+
+def _restore_coalescer(plan: SourcePlan, start: dict[str, Any]) -> WatermarkCoalescer:
+    """The computation's coalescer as the offset `start` describes it."""
+    keyed_senders = plan.computation.keyed_senders()
+    keyed_marks = {key: {name: start["senders"][name].get("keyed", {}).get(key, BEGINNING_OF_TIME) for name in carriers}
+                   for key, carriers in keyed_senders.items()}
+    return WatermarkCoalescer.restore({n: s["watermark"] for n, s in start["senders"].items()},
+                                      start["watermark"], start.get("idle", []),
+                                      plan.computation.sender_groups(), start.get("inputs"),
+                                      keyed_senders, keyed_marks, start.get("keyed", {}))
 
 
 class _Partition(InputPartition):
@@ -136,23 +159,22 @@ def initial_offset(plan: SourcePlan) -> dict[str, Any]:
             offset = plan.start_positions.get(sender.plan.name) or sender.injector.initial_offset(partition)  # type: ignore[arg-type]
             watermark = sender.injector.low_watermark(partition, offset)  # type: ignore[arg-type]
             senders[sender.plan.name] = {"offset": offset, "watermark": watermark, "started_at": watermark,
-                                         "active_ms": int(time.time() * 1000)}
+                                         "active_ms": int(time.time() * 1000),
+                                         "keyed": _injector_keyed(sender, offset, {})}
         else:
             senders[sender.plan.name] = {"position": plan.start_positions.get(sender.plan.name, -1),
-                                         "watermark": BEGINNING_OF_TIME}
+                                         "watermark": BEGINNING_OF_TIME, "keyed": {}}
     coalescer = plan.computation.coalescer()
     for name, item in senders.items():
-        coalescer.observe(name, item["watermark"])
+        coalescer.advance(name, item["watermark"], keyed=item["keyed"])
     return {"senders": senders, "watermark": coalescer.coalesced, "wall": 0, "tick": 0, "points": [],
-            "inputs": coalescer.group_marks(), "idle": []}
+            "inputs": coalescer.group_marks(), "idle": [], "keyed": coalescer.keyed_watermarks()}
 
 
 def plan_next_batch(plan: SourcePlan, start: dict[str, Any], wall_timer_due: bool,
                     now_ms: int | None = None) -> dict[str, Any]:
     """The end offset of the next batch (`start` itself when there is nothing to do)."""
-    coalescer = WatermarkCoalescer.restore({n: s["watermark"] for n, s in start["senders"].items()},
-                                           start["watermark"], start.get("idle", []),
-                                           plan.computation.sender_groups(), start.get("inputs"))
+    coalescer = _restore_coalescer(plan, start)
     now = now_ms if now_ms is not None else int(time.time() * 1000)
     senders = dict(start["senders"])
     points: list[dict[str, Any]] = []
@@ -177,15 +199,16 @@ def plan_next_batch(plan: SourcePlan, start: dict[str, Any], wall_timer_due: boo
                 continue  # the skew limit: wait for the stages behind to catch up
             end = sender.injector.latest_offset(partition, item["offset"], cap)  # type: ignore[arg-type]
             watermark = max(item["watermark"], sender.injector.low_watermark(partition, end))  # type: ignore[arg-type]
-            if end == item["offset"] and watermark == item["watermark"]:
+            keyed = _injector_keyed(sender, end, item.get("keyed", {}))
+            if end == item["offset"] and watermark == item["watermark"] and keyed == item.get("keyed", keyed):
                 active = item.get("active_ms", now)
                 if sender.idle_after_ms is not None and not coalescer.is_idle(name) and \
                         now - active >= sender.idle_after_ms:
                     points.append(_point(coalescer.advance(name, watermark, idle=True), name))
                     senders[name] = {**item, "active_ms": active}
                 continue
-            points.append(_point(coalescer.advance(name, watermark), name, start=item["offset"], end=end))
-            senders[name] = {**item, "offset": end, "watermark": watermark, "active_ms": now}
+            points.append(_point(coalescer.advance(name, watermark, keyed=keyed), name, start=item["offset"], end=end))
+            senders[name] = {**item, "offset": end, "watermark": watermark, "active_ms": now, "keyed": keyed}
             continue
         log = PublicationLog(plan.root, sender.plan.producer)
         position = item["position"]
@@ -194,19 +217,23 @@ def plan_next_batch(plan: SourcePlan, start: dict[str, Any], wall_timer_due: boo
                 if len(points) + len(entry["output"]) > plan.max_points and points:
                     break  # whole entries only; the rest goes to the next batch
                 idle = entry.get("idle") or [False] * len(entry["output"])
+                keyed_output = entry.get("keyed") or [{}] * len(entry["output"])
                 for index, watermark in enumerate(entry["output"]):
-                    segment = coalescer.advance(name, max(watermark, coalescer.input_watermark(name)), idle[index])
+                    segment = coalescer.advance(name, max(watermark, coalescer.input_watermark(name)), idle[index],
+                                                keyed_output[index])
                     points.append(_point(segment, name, position=entry_position, segment=index))
             position = entry_position
         if position != item["position"]:
-            senders[name] = {"position": position, "watermark": coalescer.input_watermark(name)}
+            senders[name] = {"position": position, "watermark": coalescer.input_watermark(name),
+                             "keyed": coalescer.sender_keyed(name)}
     tick = start["tick"] + 1 if wall_timer_due else start["tick"]
     if not points and tick == start["tick"]:
         return start  # nothing to deliver (log entries that were only claims are read again later)
     if not points:  # a wall tick alone: one point where the watermark stands
         points.append(_point(coalescer.hold(), None))
     return {"senders": senders, "watermark": coalescer.coalesced, "wall": max(now, start["wall"]), "tick": tick,
-            "points": points, "inputs": coalescer.group_marks(), "idle": coalescer.idle()}
+            "points": points, "inputs": coalescer.group_marks(), "idle": coalescer.idle(),
+            "keyed": coalescer.keyed_watermarks()}
 
 
 class InputsReader(DataSourceStreamReader):

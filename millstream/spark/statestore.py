@@ -29,7 +29,7 @@ import pickle
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 from millstream.core.store import MemoryKeyStore, StoredKey
 
@@ -153,8 +153,8 @@ class SparkKeyStore:
     def load(self, keys: Iterable[str]) -> dict[str, bytes]:
         return self.cache.keys.load(keys)
 
-    def due(self, low_watermark: int, wall_time: int) -> list[str]:
-        return self.cache.keys.due(low_watermark, wall_time)
+    def due(self, low_watermark: int, wall_time: int, keyed: Mapping[str, int] | None = None) -> list[str]:
+        return self.cache.keys.due(low_watermark, wall_time, keyed)
 
     def next_wall_time(self) -> int | None:
         return self.cache.keys.next_wall_time()

@@ -26,7 +26,8 @@ from millstream.core.production import Produced
 from millstream.core.executor import Delivery, KeyGroupExecutor, StepMetrics, inspect_key, key_or_dead_letter
 from millstream.core.plan import ComputationPlan, key_group, plan_computation
 from millstream.core.store import MemoryKeyStore
-from millstream.core.watermarks import Segment, WatermarkCoalescer, output_watermarks, too_far_ahead
+from millstream.core.watermarks import (Segment, WatermarkCoalescer, output_keyed_watermarks, output_watermarks,
+                                        too_far_ahead)
 from millstream.model.injector import Malformed, Offset
 from millstream.model.pipeline import DEAD_LETTERS, ErrorPolicy, Pipeline, PipelineError
 from millstream.model.records import BEGINNING_OF_TIME, Record, Timer, derive_record_id
@@ -44,6 +45,7 @@ class _Point:
     watermark: int
     rejected: list[Produced] = field(default_factory=list)  # dead letters made before the computation
     idle: bool = False  # the sender declares itself idle after this point
+    keyed: dict[str, int] = field(default_factory=dict)  # its keyed watermarks after it
 
 
 @dataclass
@@ -52,6 +54,7 @@ class _ComputationRun:
     executors: list[KeyGroupExecutor]
     coalescer: WatermarkCoalescer
     output_watermark: int = BEGINNING_OF_TIME
+    output_keyed: dict[str, int] = field(default_factory=dict)  # published keyed watermarks
     metrics: StepMetrics = field(default_factory=StepMetrics)
     watermark_history: list[int] = field(default_factory=list)
 
@@ -87,10 +90,12 @@ class PipelineHarness:
                 plan.coalescer(),
             )
         self._watermarks: dict[tuple[str, str], int] = {}
+        self._keyed: dict[tuple[str, str], dict[str, int]] = {}  # injector partitions' keyed watermarks
         self._offsets: dict[tuple[str, str], Offset] = {}
         for name, node in pipeline.injectors.items():
             for partition in node.injector.partitions():
                 self._watermarks[(name, partition)] = BEGINNING_OF_TIME
+                self._keyed[(name, partition)] = {key: BEGINNING_OF_TIME for key in node.injector.watermark_keys}
                 self._offsets[(name, partition)] = node.injector.initial_offset(partition)
         self._fed = {name: 0 for name in pipeline.injectors}
         # Injector partitions: the wall time they last moved, and whether they declared themselves idle.
@@ -102,10 +107,10 @@ class PipelineHarness:
 
     # -- driving -------------------------------------------------------------------------------
     def feed(self, injector: str, records: Iterable[Record[Any]], watermark: int | None = None,
-             partition: str | None = None) -> None:
+             partition: str | None = None, keyed: dict[str, int] | None = None) -> None:
         """Inject records as if injector `injector` had read them (ids assigned when missing) and
-        optionally publish its new low watermark: one publication point. Nothing is processed until
-        `step`/`run`."""
+        optionally publish its new low watermark (and keyed watermarks, `keyed`): one publication
+        point. Nothing is processed until `step`/`run`."""
         node = self._injector(injector)
         partition = self._partition(injector, partition)
         produced: list[Produced] = []
@@ -117,13 +122,18 @@ class PipelineHarness:
                                      record_id, 0, len(produced)))
         if watermark is not None:
             self._set_watermark(injector, partition, watermark)
+        self._set_keyed(injector, partition, keyed or {})
         self._publish_injector(injector, partition, produced, [])
 
-    def advance_watermark(self, injector: str, watermark: int, partition: str | None = None) -> None:
-        """Publish a new low watermark of an injector (partition), without records."""
+    def advance_watermark(self, injector: str, watermark: int | None = None, partition: str | None = None,
+                          keyed: dict[str, int] | None = None) -> None:
+        """Publish a new low watermark (and keyed watermarks, `keyed`) of an injector (partition),
+        without records."""
         self._injector(injector)
         partition = self._partition(injector, partition)
-        self._set_watermark(injector, partition, watermark)
+        if watermark is not None:
+            self._set_watermark(injector, partition, watermark)
+        self._set_keyed(injector, partition, keyed or {})
         self._publish_injector(injector, partition, [], [])
 
     def declare_idle(self, injector: str, partition: str | None = None) -> None:
@@ -154,7 +164,10 @@ class PipelineHarness:
                 start = self._offsets[(name, partition)]
                 end = node.injector.latest_offset(partition, start, max_records)
                 watermark = max(self._watermarks[(name, partition)], node.injector.low_watermark(partition, end))
-                if end == start and watermark == self._watermarks[(name, partition)]:
+                known = self._keyed[(name, partition)]
+                keyed = {key: max(mark, node.injector.keyed_watermarks(partition, end).get(key, mark))
+                         for key, mark in known.items()}
+                if end == start and watermark == self._watermarks[(name, partition)] and keyed == known:
                     quiet_for = self.wall_time - self._active[(name, partition)]
                     if node.idle_after_ms is not None and quiet_for >= node.idle_after_ms and \
                             (name, partition) not in self._idle:
@@ -172,6 +185,7 @@ class PipelineHarness:
                                                      item.timestamp, item.id, 0, len(produced)))
                 self._offsets[(name, partition)] = end
                 self._watermarks[(name, partition)] = watermark
+                self._keyed[(name, partition)] = keyed
                 self._publish_injector(name, partition, produced, rejected)
                 moved = True
         return moved
@@ -217,6 +231,10 @@ class PipelineHarness:
 
     def input_watermark(self, computation: str) -> int:
         return self._run(computation).coalescer.coalesced
+
+    def keyed_watermarks(self, computation: str) -> dict[str, int]:
+        """The computation's published (output) keyed watermarks."""
+        return dict(self._run(computation).output_keyed)
 
     def watermark_history(self, computation: str) -> list[int]:
         return list(self._run(computation).watermark_history)
@@ -265,7 +283,7 @@ class PipelineHarness:
             input_plan = plan.input(sender.stream)
             for point in points:
                 j = len(segments)
-                segments.append(run.coalescer.advance(sender.name, point.watermark, point.idle))
+                segments.append(run.coalescer.advance(sender.name, point.watermark, point.idle, point.keyed))
                 rejected.extend(p._replace(segment=j) for p in point.rejected)
                 for item in point.records:
                     record = Record.encoded(item.key, item.value, input_plan.codec, item.timestamp, item.id)
@@ -290,11 +308,13 @@ class PipelineHarness:
             run.metrics.add(result.metrics)
             produced.extend(result.productions)
         published = output_watermarks(run.output_watermark, segments)
-        run.output_watermark = published[-1]
+        published_keyed = output_keyed_watermarks(run.output_keyed, segments)
+        run.output_watermark, run.output_keyed = published[-1], published_keyed[-1]
         run.watermark_history.append(run.output_watermark)
         produced.sort(key=_output_order)
         for j, watermark in enumerate(published):
-            self._publish(plan.name, [p for p in produced if p.segment == j], watermark, segments[j].idle)
+            self._publish(plan.name, [p for p in produced if p.segment == j], watermark, segments[j].idle,
+                          published_keyed[j])
         return True
 
     def _publish_injector(self, injector: str, partition: str, produced: list[Produced],
@@ -309,18 +329,21 @@ class PipelineHarness:
             self._outputs[node.stream].append(stream_item)
         for index, consumer in enumerate(consumers):
             # Malformed input becomes a dead letter once: published by the first consumer.
-            point = _Point(list(produced), watermark, rejected if index == 0 else [], idle)
+            point = _Point(list(produced), watermark, rejected if index == 0 else [], idle,
+                           dict(self._keyed[(injector, partition)]))
             sender = f"{node.stream}/{injector}#{partition}"
             self._pending.setdefault((consumer, sender), []).append(point)
 
-    def _publish(self, producer: str, produced: list[Produced], watermark: int, idle: bool) -> None:
+    def _publish(self, producer: str, produced: list[Produced], watermark: int, idle: bool,
+                 keyed: dict[str, int]) -> None:
         by_stream: dict[str, list[Produced]] = {}
         for item in produced:
             self._outputs[item.stream].append(item)
             by_stream.setdefault(item.stream, []).append(item)
         for stream in self.pipeline.outputs(producer):
             for consumer in self.pipeline.consumers(stream):
-                point = _Point(by_stream.get(stream, []), watermark, idle=idle)
+                point = _Point(by_stream.get(stream, []), watermark, idle=idle,
+                               keyed={} if stream == DEAD_LETTERS else keyed)
                 self._pending.setdefault((consumer, f"{stream}/{producer}"), []).append(point)
 
     def _malformed(self, injector: str, partition: str, item: Malformed) -> Produced:
@@ -338,6 +361,17 @@ class PipelineHarness:
         if watermark < current:
             raise ValueError(f"injector {injector!r} watermark cannot go back from {current} to {watermark}")
         self._watermarks[(injector, partition)] = watermark
+
+    def _set_keyed(self, injector: str, partition: str, keyed: dict[str, int]) -> None:
+        current = self._keyed[(injector, partition)]
+        for key, watermark in keyed.items():
+            if key not in current:
+                raise ValueError(f"injector {injector!r} publishes no watermark key {key!r}; its watermark_keys: "
+                                 f"{sorted(current)}")
+            if watermark < current[key]:
+                raise ValueError(f"injector {injector!r} keyed watermark {key!r} cannot go back from "
+                                 f"{current[key]} to {watermark}")
+            current[key] = watermark
 
     def _partition(self, injector: str, partition: str | None) -> str:
         partitions = list(self.pipeline.injectors[injector].injector.partitions())
