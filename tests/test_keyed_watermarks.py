@@ -187,7 +187,7 @@ LOWER, UPPER = -30, 50
 KEYS = ["a", "b"]
 
 
-def _join_side(rng, name, count, quiet=None):
+def join_side(rng, name, count, quiet=None):
     """Records whose join time ("t", in the value) jitters up to 40 behind the step's start; the
     event timestamp is unrelated to it. The keyed watermark on "t" is honest."""
     steps, records = [], []
@@ -201,7 +201,7 @@ def _join_side(rng, name, count, quiet=None):
     return steps, records
 
 
-def _join_oracle(lefts, rights, how):
+def join_oracle(lefts, rights, how):
     pairs = []
     for left in lefts:
         lt = left.value["t"]
@@ -216,8 +216,8 @@ def _join_oracle(lefts, rights, how):
 @pytest.mark.parametrize("how", ["inner", "left"])
 def test_interval_join_on_keyed_watermarks_equals_the_oracle_with_one_side_idle(seed, how):
     rng = random.Random(seed)
-    left_steps, lefts = _join_side(rng, "l", 40)
-    right_steps, rights = _join_side(rng, "r", 40, quiet=(10, 25))
+    left_steps, lefts = join_side(rng, "l", 40)
+    right_steps, rights = join_side(rng, "r", 40, quiet=(10, 25))
     # The right side is quiet for a stretch: its keyed watermark stays put, then it is declared idle.
     right_steps = [(r, w, k if not 10 <= i < 25 else right_steps[9][2]) for i, (r, w, k) in enumerate(right_steps)]
     join = IntervalJoin("L", "R", LOWER, UPPER, how=how, late_stream="late",
@@ -237,7 +237,7 @@ def test_interval_join_on_keyed_watermarks_equals_the_oracle_with_one_side_idle(
     h.run_injectors()
     joined = sorted(((r.key, r.value["left"]["v"], r.value["right"] and r.value["right"]["v"])
                      for r in h.output("joined")), key=repr)
-    assert joined == _join_oracle(lefts, rights, how)
+    assert joined == join_oracle(lefts, rights, how)
     assert h.output("late") == []
     assert h.keys("join") == []  # every row let go once the other side's keyed watermark passed it
     # The event-time low watermark never moved (both sides publish 0): the keyed ones did the work.
