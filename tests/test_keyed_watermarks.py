@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from millstream import Computation, GeneratorInjector, Pipeline, Record, ScriptedInjector
+from millstream import Computation, GeneratorInjector, Pipeline, Record, ScriptedInjector, TimeDomain
 from millstream.core.executor import ComputationFailed
 from millstream.core.watermarks import WatermarkCoalescer
 from millstream.joins import IntervalJoin
@@ -168,7 +168,12 @@ def test_an_unknown_watermark_key_is_a_clear_error():
         def process_record(self, ctx, record):
             ctx.watermark("shipped")
 
-    for computation, words in ((Wrong(), "no input carries"), (Reads(), "no input carries")):
+    class WallKeyed(Computation):
+        def process_record(self, ctx, record):
+            ctx.set_timer("t", 5, TimeDomain.WALL_TIME, watermark="ship")
+
+    for computation, words in ((Wrong(), "no input carries"), (Reads(), "no input carries"),
+                               (WallKeyed(), "not wall time")):
         h = PipelineHarness(Pipeline("p").add_injector("in", ScriptedInjector(
             "in", [([Record("k", 1, 1)], 2)], watermark_keys=("ship",)), "in")
             .add_computation("c", computation, ["in"], []))

@@ -13,7 +13,7 @@ import pytest
 from clitools import assert_refused, run
 from millstream import END_OF_TIME, Computation, GeneratorInjector, MapState, Pipeline, Record, TimeDomain
 from millstream.console.options import UsageError
-from millstream.console.status import lag_series, read_root, render_html, throughput_series
+from millstream.console.status import format_watermark, lag_series, read_root, render_html, throughput_series
 from millstream.testing import PipelineHarness
 
 KEYS = ("a", "b", "c", "d", "e")
@@ -95,6 +95,7 @@ def fake_root(tmp_path, upstream_head=7, read_up_to=3):
                   {"batch": batch, "low_watermark": mark, "wall_ms": wall, "metrics": {"records": records}})
     write(root / "status" / "up" / "latest.json",
           {"batch": 2, "low_watermark": 2_400, "senders": {"in/src#0": 2_500}, "idle_inputs": ["in/src#0"],
+           "keyed_watermarks": {"ship": 1_000},
            "metrics": {"records": 300, "late": 4, "duplicates": 2, "dead_letters": 1, "pending_timers": 9},
            "wall_ms": 3_000})
     write(root / "status" / "down" / "latest.json",
@@ -110,6 +111,8 @@ def test_reader_counts_backlog_and_reads_counters_and_history(tmp_path):
     assert down.backlog == 4 and up.backlog == 0  # up's log has entries 4..7 that down has not read
     assert (up.records, up.late, up.duplicates, up.dead_letters, up.pending_timers) == (300, 4, 2, 1, 9)
     assert up.idle_inputs == ["in/src#0"] and down.idle_inputs == []
+    assert up.keyed_watermarks == {"ship": 1_000} and down.keyed_watermarks == {}
+    assert up.watermarks_text().splitlines()[1] == "ship: " + format_watermark(1_000)
     assert down.pending_timers is None  # not recorded: shown as unknown, not as 0
     assert [p.records for p in up.history] == [0, 100, 300]
     assert up.lag_ms(10_000) == 10_000 - 2_400
@@ -133,6 +136,7 @@ def test_html_page_has_one_series_per_computation_per_chart(tmp_path):
     # lag: a point per batch; throughput: one per interval between batches.
     assert sorted(parser.found) == [("down", 2), ("down", 3), ("up", 2), ("up", 3)]
     assert "<script" not in page and "src=" not in page and "href=" not in page
+    assert "<br>ship: " in page  # the keyed watermark, under the low watermark
 
 
 def test_status_command_prints_the_table_and_writes_the_page(tmp_path):

@@ -55,6 +55,13 @@ class ComputationView:
     backlog: int = 0
     idle_inputs: list[str] = field(default_factory=list)
     history: list[HistoryPoint] = field(default_factory=list)
+    keyed_watermarks: dict[str, int] = field(default_factory=dict)  # published, per watermark key
+
+    def watermarks_text(self) -> str:
+        """The low watermark, then each keyed one on its own line ("ship: ...")."""
+        lines = [format_watermark(self.low_watermark)]
+        lines += [f"{key}: {format_watermark(mark)}" for key, mark in sorted(self.keyed_watermarks.items())]
+        return "\n".join(lines)
 
     def lag_ms(self, now_ms: int) -> int | None:
         """How far the low watermark trails the wall clock; None before it has moved or once done."""
@@ -100,7 +107,8 @@ def read_root(root: str, with_history: bool = True) -> RootView:
             records=metrics.get("records", 0), late=metrics.get("late", 0),
             duplicates=metrics.get("duplicates", 0), dead_letters=metrics.get("dead_letters", 0),
             # No status yet: nothing ran, nothing pending. A status without the counter: not recorded.
-            pending_timers=metrics.get("pending_timers") if status else 0, idle_inputs=list(status.get("idle_inputs", [])))
+            pending_timers=metrics.get("pending_timers") if status else 0, idle_inputs=list(status.get("idle_inputs", [])),
+            keyed_watermarks=dict(status.get("keyed_watermarks", {})))
         for sender, position in status.get("positions", {}).items():
             producer = _producer(sender)
             if producer in heads:
@@ -185,7 +193,7 @@ def status_table(view: RootView) -> Any:
     for index, column in enumerate(columns):
         table.add_column(column, justify="left" if index in (0, 10) else "right")
     for c in view.computations:
-        table.add_row(c.name, f"{c.batches:,}", format_watermark(c.low_watermark),
+        table.add_row(c.name, f"{c.batches:,}", c.watermarks_text(),
                       "done" if c.low_watermark >= END_OF_TIME else format_duration(c.lag_ms(view.read_at_ms)),
                       f"{c.backlog:,}", f"{c.records:,}", f"{c.late:,}", f"{c.duplicates:,}", f"{c.dead_letters:,}",
                       "?" if c.pending_timers is None else f"{c.pending_timers:,}",
@@ -252,6 +260,11 @@ def _label(value: float) -> str:
     return f"{value:,.0f}" if abs(value) >= 1_000 else f"{value:.3g}"
 
 
+def _html_cell(value: Any) -> str:
+    text = f"{value:,}" if isinstance(value, int) else str(value)
+    return html.escape(text).replace("\n", "<br>")
+
+
 def render_html(view: RootView) -> str:
     """A self-contained page: the status table and, per computation, watermark lag and throughput
     over wall time (x: seconds since the first batch shown)."""
@@ -261,8 +274,8 @@ def render_html(view: RootView) -> str:
     start = min(times) if times else 0.0
     end = max(times) if times else 0.0  # both charts on one time axis
     rows = "\n".join(
-        "<tr>" + "".join(f"<td>{html.escape(f'{v:,}' if isinstance(v, int) else str(v))}</td>" for v in (
-            c.name, c.batches, format_watermark(c.low_watermark),
+        "<tr>" + "".join(f"<td>{_html_cell(v)}</td>" for v in (
+            c.name, c.batches, c.watermarks_text(),
             "done" if c.low_watermark >= END_OF_TIME else format_duration(c.lag_ms(view.read_at_ms)),
             c.backlog, c.records, c.late, c.duplicates, c.dead_letters,
             "?" if c.pending_timers is None else c.pending_timers, ", ".join(c.idle_inputs) or "-")) + "</tr>"

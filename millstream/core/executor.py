@@ -222,9 +222,6 @@ class _Invocation:
                   watermark: str | None = None) -> None:
         if type(tag) is not str or type(time) is not int or not -END_OF_TIME <= time <= END_OF_TIME:
             self._bad_timer(tag, time)
-        if watermark is not None:
-            self._set_keyed_timer(tag, time, domain, watermark)
-            return
         if domain is TimeDomain.LOW_WATERMARK:
             wall = False
         elif domain is TimeDomain.WALL_TIME or domain == TimeDomain.WALL_TIME.value:
@@ -233,23 +230,21 @@ class _Invocation:
             wall = False
         else:
             raise ComputationError(f"{self._plan.name}: timer {tag!r} domain must be a TimeDomain, got {domain!r}")
+        if watermark is not None:
+            self._check_watermark_key(tag, watermark, wall)
         setter = self._setter
         if setter is None:  # a timer firing sets a timer: its identity, hashed to stay bounded
             setter = self._setter = timer_setter(self._cause)
-        self._state.set_timer(tag, time, wall, setter, self._segment)
+        self._state.set_timer(tag, time, wall, setter, self._segment, watermark or "")
 
-    def _set_keyed_timer(self, tag: str, time: int, domain: TimeDomain, watermark: str) -> None:
-        if domain not in (TimeDomain.LOW_WATERMARK, TimeDomain.LOW_WATERMARK.value):
+    def _check_watermark_key(self, tag: str, watermark: str, wall: bool) -> None:
+        if wall:
             raise ComputationError(f"{self._plan.name}: timer {tag!r} follows watermark key {watermark!r}, so its "
-                                   f"domain is the low watermark's, not {domain!r}")
+                                   "domain is the low watermark's, not wall time")
         if watermark not in self._plan.watermark_keys:
             raise ComputationError(f"{self._plan.name}: timer {tag!r} follows watermark key {watermark!r}, which no "
                                    f"input carries; the keyed watermarks its inputs carry: "
                                    f"{list(self._plan.watermark_keys)}")
-        setter = self._setter
-        if setter is None:
-            setter = self._setter = timer_setter(self._cause)
-        self._state.set_timer(tag, time, False, setter, self._segment, watermark)
 
     def _bad_timer(self, tag: Any, time: Any) -> None:
         if not isinstance(tag, str):
