@@ -252,3 +252,14 @@ def test_interval_join_on_keyed_watermarks_equals_the_oracle_with_one_side_idle(
 def test_join_time_and_its_watermark_go_together():
     with pytest.raises(ValueError, match="go together"):
         IntervalJoin("L", "R", 0, 1, left_time=lambda r: 1)
+
+
+def test_heuristic_watermark_passes_keyed_watermarks_through_strict():
+    from millstream import HeuristicWatermark
+
+    inner = GeneratorInjector(lambda i: Record("k", {"ship": 10 * i}, i), 100, lambda n: n,
+                              keyed_watermarks={"ship": lambda n: 10 * n}, max_records_per_read=30)
+    wrapped = HeuristicWatermark(inner, quantile=0.9)
+    assert wrapped.watermark_keys == ("ship",)
+    offset = wrapped.latest_offset("0", wrapped.initial_offset("0"), None)
+    assert wrapped.keyed_watermarks("0", offset) == {"ship": 300}
