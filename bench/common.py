@@ -393,7 +393,10 @@ class ProcessTree:
     sampling often keeps that loss small."""
 
     def __init__(self, interval: float = 0.5, harness_pid: int | None = None, driver_pid: int | None = None) -> None:
-        import psutil
+        try:
+            import psutil
+        except ImportError:
+            raise SystemExit("this benchmark samples memory and CPU with psutil: pip install -e '.[bench]'") from None
 
         self.psutil = psutil
         self.interval = interval

@@ -101,6 +101,11 @@ def run_baseline(spark: Any, collector: ProgressCollector, keys: int, total: int
                 raise TimeoutError(f"baseline at {keys} keys not done after {timeout} s "
                                    f"({rows.rows} of {expected_rows} rows)")
             time.sleep(0.5)
+        # The file sink's rows are visible before Spark writes the batch's commit: wait for it, or
+        # stopping the query now leaves no commit time to measure to.
+        deadline = time.time() + 120
+        while baseline.last_output_commit(root) is None and time.time() < deadline:
+            time.sleep(0.2)
     finally:
         query.stop()
     first = FirstRead(first_read).read()
