@@ -57,7 +57,7 @@ watermark is still the minimum of both.
 
 from __future__ import annotations
 
-from typing import Iterable, NamedTuple, Sequence
+from typing import Iterable, Mapping, NamedTuple, Sequence
 
 from millstream.model.records import BEGINNING_OF_TIME
 
@@ -249,6 +249,16 @@ def too_far_ahead(injector_watermark: int, downstream_watermarks: Iterable[int],
         return False
     behind = [w if w > BEGINNING_OF_TIME else started_at for w in downstream_watermarks]
     return bool(behind) and injector_watermark - min(behind) > max_skew_ms
+
+
+def published_keyed(keys: Iterable[str], published: Mapping[str, int], known: Mapping[str, int]) -> dict[str, int]:
+    """An injector partition's keyed watermarks after a read: for each key it carries, what it
+    publishes now, never below what it published before (a key it leaves out stays where it was).
+
+    >>> published_keyed(["ship", "pay"], {"ship": 5, "pay": 1}, {"ship": 9})
+    {'ship': 9, 'pay': 1}
+    """
+    return {key: max(known.get(key, BEGINNING_OF_TIME), published.get(key, BEGINNING_OF_TIME)) for key in keys}
 
 
 def output_keyed_watermarks(previous_output: dict[str, int], segments: Sequence[Segment]) -> list[dict[str, int]]:

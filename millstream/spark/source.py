@@ -32,7 +32,7 @@ from millstream.core.deadletters import dead_letter
 from millstream.core.executor import ComputationFailed, key_or_dead_letter
 from millstream.core.plan import ComputationPlan, InputPlan, SenderPlan, key_group
 from millstream.core.production import Produced
-from millstream.core.watermarks import Segment, WatermarkCoalescer, too_far_ahead
+from millstream.core.watermarks import Segment, WatermarkCoalescer, published_keyed, too_far_ahead
 from millstream.model.injector import Injector, Malformed
 from millstream.model.pipeline import ErrorPolicy
 from millstream.model.records import BEGINNING_OF_TIME, Record
@@ -131,8 +131,7 @@ def _point(point: Segment, sender: str | None, **where: Any) -> dict[str, Any]:
 def _injector_keyed(sender: Sender, offset: Any, known: dict[str, int]) -> dict[str, int]:
     """An injector partition's keyed watermarks at `offset`, never below what it published before."""
     published = sender.injector.keyed_watermarks(sender.plan.partition, offset)  # type: ignore[union-attr,arg-type]
-    return {key: max(known.get(key, BEGINNING_OF_TIME), published.get(key, BEGINNING_OF_TIME))
-            for key in sender.plan.watermark_keys}
+    return published_keyed(sender.plan.watermark_keys, published, known)
 
 
 def _restore_coalescer(plan: SourcePlan, start: dict[str, Any]) -> WatermarkCoalescer:

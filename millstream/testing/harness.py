@@ -27,7 +27,7 @@ from millstream.core.executor import Delivery, KeyGroupExecutor, StepMetrics, in
 from millstream.core.plan import ComputationPlan, key_group, plan_computation
 from millstream.core.store import MemoryKeyStore
 from millstream.core.watermarks import (Segment, WatermarkCoalescer, output_keyed_watermarks, output_watermarks,
-                                        too_far_ahead)
+                                        published_keyed, too_far_ahead)
 from millstream.model.injector import Malformed, Offset
 from millstream.model.pipeline import DEAD_LETTERS, ErrorPolicy, Pipeline, PipelineError
 from millstream.model.records import BEGINNING_OF_TIME, Record, Timer, derive_record_id
@@ -165,8 +165,7 @@ class PipelineHarness:
                 end = node.injector.latest_offset(partition, start, max_records)
                 watermark = max(self._watermarks[(name, partition)], node.injector.low_watermark(partition, end))
                 known = self._keyed[(name, partition)]
-                keyed = {key: max(mark, node.injector.keyed_watermarks(partition, end).get(key, mark))
-                         for key, mark in known.items()}
+                keyed = published_keyed(known, node.injector.keyed_watermarks(partition, end), known)
                 if end == start and watermark == self._watermarks[(name, partition)] and keyed == known:
                     quiet_for = self.wall_time - self._active[(name, partition)]
                     if node.idle_after_ms is not None and quiet_for >= node.idle_after_ms and \
