@@ -18,20 +18,19 @@ import cProfile
 import heapq
 import io
 import os
-import pickle
 import pstats
 import time
 from collections import Counter
-from operator import itemgetter
 
 from bench.common import RESULTS_DIR, KeyedRecords, KeyedWatermark, Windower, cli
 from millstream import Pipeline, ScriptedInjector
-from millstream.core.executor import Delivery, KeyGroupExecutor
+from millstream.core.executor import KeyGroupExecutor
 from millstream.core.plan import key_group, plan_computation
 from millstream.core.store import MemoryKeyStore
 from millstream.core.watermarks import Segment
 from millstream.model.codecs import DEFAULT_CODEC
-from millstream.model.records import END_OF_TIME, Record
+from millstream.model.records import END_OF_TIME
+from millstream.spark.bundles import deliveries, pack, pack_productions, unpack, unpack_productions
 
 KEY_GROUPS = 32
 
@@ -48,7 +47,7 @@ def bundles(keys: int, start: int, end: int, segment: int) -> dict[int, bytes]:
             group = group_of[r.key] = key_group(r.key, KEY_GROUPS)
         groups.setdefault(group, []).append((r.key, "events", r.key, codec.encode(r.value), r.timestamp, r.id,
                                              segment, i, True))
-    return {g: pickle.dumps(items, protocol=5) for g, items in groups.items()}
+    return {g: pack(items) for g, items in groups.items()}
 
 
 def run_core(keys: int, total: int, batch: int, profiler: cProfile.Profile | None = None) -> tuple[float, float, Counter]:
@@ -58,7 +57,7 @@ def run_core(keys: int, total: int, batch: int, profiler: cProfile.Profile | Non
                 .add_computation("win", Windower(), ["events"], ["windows"]))
     plan = plan_computation(pipeline, "win", KEY_GROUPS)
     stores = [MemoryKeyStore() for _ in range(KEY_GROUPS)]
-    codec = plan.input("events").codec
+    codecs = {"events": plan.input("events").codec}
     watermark = KeyedWatermark()
     inputs = [bundles(keys, s, min(total, s + batch), 0) for s in range(0, total, batch)]  # not timed: the source's work
     produced: list[bytes] = []
@@ -71,12 +70,9 @@ def run_core(keys: int, total: int, batch: int, profiler: cProfile.Profile | Non
         after = watermark(end) if end < total else END_OF_TIME
         segments = [Segment(before, after)]
         for group in range(KEY_GROUPS):
-            items = pickle.loads(per_group[group]) if group in per_group else []
-            items.sort(key=itemgetter(6, 7))
-            deliveries = [Delivery(k, s, Record.encoded(rk, v, codec, ts, rid), seg, dedup)
-                          for k, s, rk, v, ts, rid, seg, _, dedup in items]
-            result = KeyGroupExecutor(plan, stores[group]).step(deliveries, segments, 0)
-            produced.append(pickle.dumps(result.productions, protocol=5))  # as the operator ships them
+            items = unpack(per_group.get(group))
+            result = KeyGroupExecutor(plan, stores[group]).step(deliveries(items, codecs), segments, 0)
+            produced.append(pack_productions(result.productions))  # as the operator ships them
         before = after
     cpu, wall = time.process_time() - started, time.perf_counter() - started_wall
     if profiler is not None:
@@ -84,7 +80,7 @@ def run_core(keys: int, total: int, batch: int, profiler: cProfile.Profile | Non
     out_codec = plan.output_codecs["windows"]
     windows = Counter()
     for chunk in produced:
-        for p in pickle.loads(chunk):
+        for p in unpack_productions(chunk):
             value = out_codec.decode(p.value)
             windows[(p.key, value["bucket"], value["count"])] += 1
     return cpu, wall, windows

@@ -18,7 +18,13 @@ Ids are per key (the same id under two keys is two records), as in MillWheel.
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_left
+from collections import deque
+from itertools import count
+from operator import itemgetter
 from typing import Iterable
+
+_KEY, _ID, _MARK = itemgetter(0), itemgetter(1), itemgetter(2)
 
 
 class DedupIndex:
@@ -36,11 +42,15 @@ class DedupIndex:
     False
     """
 
-    __slots__ = ("marks", "_by_mark")
+    __slots__ = ("marks", "_chunks", "_sequence")
 
     def __init__(self) -> None:
         self.marks: dict[tuple[str, str], int] = {}
-        self._by_mark: list[tuple[int, str, str]] = []
+        # Expiry order: each add_all's entries as one chunk sorted by mark, in a heap by the mark of
+        # the chunk's first unexpired entry: (that mark, sequence, chunk, its position). Sorting and
+        # indexing a chunk run in C; a heap entry per id would cost a Python-level push per id.
+        self._chunks: list[tuple[int, int, list[tuple[str, str, int]], int]] = []
+        self._sequence = count()
 
     def __len__(self) -> int:
         return len(self.marks)
@@ -49,23 +59,32 @@ class DedupIndex:
         return (key, record_id) in self.marks
 
     def add(self, key: str, record_id: str, mark: int) -> None:
-        self.marks[(key, record_id)] = mark
-        heapq.heappush(self._by_mark, (mark, key, record_id))
+        self.add_all([(key, record_id, mark)])
 
     def add_all(self, entries: Iterable[tuple[str, str, int]]) -> None:
-        marks, heap, push = self.marks, self._by_mark, heapq.heappush
-        for key, record_id, mark in entries:
-            marks[(key, record_id)] = mark
-            push(heap, (mark, key, record_id))
+        chunk = sorted(entries, key=_MARK)
+        if not chunk:
+            return
+        self.marks.update(zip(zip(map(_KEY, chunk), map(_ID, chunk)), map(_MARK, chunk)))
+        heapq.heappush(self._chunks, (chunk[0][2], next(self._sequence), chunk, 0))
 
     def expire(self, low_watermark: int, horizon_ms: int) -> None:
-        """Forget ids whose mark is older than low_watermark - horizon_ms."""
+        """Forget ids whose mark is older than low_watermark - horizon_ms.
+
+        An id added again has a new mark (the newest counts): its old chunk entry no longer matches
+        and leaves it be."""
         cutoff = low_watermark - horizon_ms
-        heap, marks = self._by_mark, self.marks
-        while heap and heap[0][0] < cutoff:
-            mark, key, record_id = heapq.heappop(heap)
-            if marks.get((key, record_id)) == mark:
-                del marks[(key, record_id)]
+        chunks, marks = self._chunks, self.marks
+        get = marks.get
+        while chunks and chunks[0][0] < cutoff:
+            _, sequence, chunk, start = heapq.heappop(chunks)
+            end = bisect_left(chunk, cutoff, lo=start, key=_MARK)
+            expired = chunk[start:end]
+            pairs = list(zip(map(_KEY, expired), map(_ID, expired)))
+            deque(map(marks.__delitem__, [pair for pair, mark in zip(pairs, map(_MARK, expired))
+                                          if get(pair) == mark]), maxlen=0)
+            if end < len(chunk):
+                heapq.heappush(chunks, (chunk[end][2], sequence, chunk, end))
 
     def entries(self) -> list[tuple[str, str, int]]:
         return [(key, record_id, mark) for (key, record_id), mark in self.marks.items()]

@@ -16,6 +16,7 @@ on schedule whether or not the key sees records again.
 from __future__ import annotations
 
 import pickle
+from functools import partial
 from typing import Any, Iterator, NamedTuple
 
 from millstream.model.codecs import Codec, CodecError
@@ -34,6 +35,9 @@ class PendingTimer(NamedTuple):
     watermark: str = ""  # the watermark key it follows ("": the low watermark)
 
 
+_as_pending_timer = partial(tuple.__new__, PendingTimer)
+
+
 class KeyState:
     """One key's persisted data plus the values decoded during the current step."""
 
@@ -49,18 +53,22 @@ class KeyState:
 
     # -- persistence ---------------------------------------------------------------------------
     def dumps(self) -> bytes:
-        return pickle.dumps((self.values, self.written, self.timers), protocol=5)
+        # Timers as parallel lists of tags and plain tuples: pickle reduces a NamedTuple through a
+        # Python-level call per item, a plain tuple in C.
+        timers = self.timers
+        return pickle.dumps((self.values, self.written, list(timers), list(map(tuple, timers.values()))), protocol=5)
 
     @classmethod
     def loads(cls, blob: bytes) -> "KeyState":
         state = cls()
-        values, state.written, timers = pickle.loads(blob)
-        state.values = values
-        for t in timers.values():
-            if type(t) is not PendingTimer:  # written as plain tuples
-                timers = {tag: PendingTimer(*t) for tag, t in timers.items()}
-                break
-        state.timers = timers
+        loaded = pickle.loads(blob)
+        if len(loaded) == 4:
+            state.values, state.written, tags, timers = loaded
+            state.timers = dict(zip(tags, map(_as_pending_timer, timers)))
+            return state
+        # Blobs written before timers were stored as parallel lists: a dict of timers.
+        state.values, state.written, by_tag = loaded
+        state.timers = {tag: PendingTimer(*t) for tag, t in by_tag.items()}
         return state
 
     def is_empty(self) -> bool:

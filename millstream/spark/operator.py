@@ -23,16 +23,16 @@ also sends key group g of B its heartbeat, carrying A's counters for the driver.
 from __future__ import annotations
 
 import dataclasses
-from operator import itemgetter
 from typing import Any, Iterator
 
-from millstream.core.executor import ComputationFailed, Delivery, KeyGroupExecutor, StepResult, key_or_dead_letter
+from millstream.core.executor import ComputationFailed, KeyGroupExecutor, StepResult, key_or_dead_letter
 from millstream.core.plan import ComputationPlan, key_group
 from millstream.core.production import Produced
 from millstream.model.computation import ComputationInfo
 from millstream.model.pipeline import DEAD_LETTERS
 from millstream.model.records import Record
-from millstream.spark.bundles import BUNDLE_RECORDS, DeliveryItem, pack, unpack
+from millstream.spark.bundles import (BUNDLE_RECORDS, DeliveryItem, deliveries, pack, pack_productions, unpack,
+                                      unpack_productions)
 from millstream.spark.errors import report_failure
 from millstream.spark.source import BatchPlan
 from millstream.spark.statestore import SparkKeyStore
@@ -86,7 +86,7 @@ def output_rows(plan: ComputationPlan, group: int, result: StepResult, bytes_wri
     first = True
     for start in range(0, max(len(productions), 1), BUNDLE_RECORDS):
         chunk = productions[start:start + BUNDLE_RECORDS]
-        yield Row(key_group=group, productions=pack(chunk) if chunk else None, computation=plan.name,
+        yield Row(key_group=group, productions=pack_productions(chunk) if chunk else None, computation=plan.name,
                   records=metrics.records if first else 0, duplicates=metrics.duplicates if first else 0,
                   late=metrics.late if first else 0, timers_fired=metrics.timers_fired if first else 0,
                   productions_count=metrics.productions if first else 0,
@@ -116,19 +116,15 @@ class _GroupStep:
             if row.bundle:
                 items.extend(unpack(row.bundle))
             if row.rejected:
-                rejected.extend(unpack(row.rejected))
+                rejected.extend(unpack_productions(row.rejected))
             reports = getattr(row, "reports", None)
             if reports:
                 upstream.extend(unpack(reports))
         plan = BatchPlan.loads(batch)  # type: ignore[arg-type]
-        # Spark's shuffle delivers bundles in any order: restore input order (point, then position).
-        items.sort(key=itemgetter(6, 7))
-        codecs = self.codecs
-        deliveries = [Delivery(key, stream, Record.encoded(rkey, value, codecs[stream], ts, rid), segment, dedup)
-                      for key, stream, rkey, value, ts, rid, segment, _, dedup in items]
         store = SparkKeyStore(self.head, self.chunks, self.namespace, group)
         try:
-            result = KeyGroupExecutor(self.plan, store).step(deliveries, plan.segments, plan.wall_time, rejected)
+            result = KeyGroupExecutor(self.plan, store).step(deliveries(items, self.codecs), plan.segments,
+                                                             plan.wall_time, rejected)
         except ComputationFailed as failure:
             report_failure(self.root, self.plan.name, str(failure))
             raise
@@ -185,7 +181,7 @@ class FusedProducerProcessor(StatefulProcessor):
                           plan=plan_blob, reports=None)
         report = group_report(self.plan, group, result, bytes_written)
         yield Row(key_group=group % self.consumer.key_groups, bundle=None,
-                  rejected=pack(passthrough) if passthrough else None, plan=plan_blob, reports=pack([report]))
+                  rejected=pack_productions(passthrough) if passthrough else None, plan=plan_blob, reports=pack([report]))
 
     def _hand_over(self, item: Produced) -> DeliveryItem | Produced:
         """A production as the consumer's delivery (keyed by its extractor for the stream)."""

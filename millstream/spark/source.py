@@ -36,7 +36,7 @@ from millstream.core.watermarks import Segment, WatermarkCoalescer, published_ke
 from millstream.model.injector import Injector, Malformed
 from millstream.model.pipeline import ErrorPolicy
 from millstream.model.records import BEGINNING_OF_TIME, Record
-from millstream.spark.bundles import BUNDLE_RECORDS, DeliveryItem, pack
+from millstream.spark.bundles import BUNDLE_RECORDS, DeliveryItem, pack, pack_productions
 from millstream.spark.errors import report_failure
 from millstream.spark.publog import BATCH, PublicationLog
 from millstream.spark.storage import Storage
@@ -368,7 +368,7 @@ def _bundled(plan: ComputationPlan, feed: Iterable[DeliveryItem | Produced], bat
                 rows = []
     rows.extend((group, pack(items), None) for group, items in sorted(pending.items()))
     if rejected:
-        rows.append((0, None, pack(rejected)))
+        rows.append((0, None, pack_productions(rejected)))
     if rows:
         yield _batch(rows, batch)
 

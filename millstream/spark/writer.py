@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 
 from millstream.core.production import Produced
 from millstream.model.codecs import Codec
-from millstream.spark.bundles import unpack
+from millstream.spark.bundles import unpack, unpack_productions
 from millstream.spark.operator import METRICS
 from millstream.spark.source import LOG_SCHEMA
 from millstream.spark.storage import Storage
@@ -73,7 +73,7 @@ class BatchWriter:
         reports: list[dict[str, Any]] = []
         for record_batch in batches:
             for row in record_batch.to_pylist():
-                for item in unpack(row["productions"]):
+                for item in unpack_productions(row["productions"]):
                     by_stream.setdefault(item.stream, []).append(item)
                 reports.append(_report(row))
                 reports.extend(unpack(row["upstream_reports"]))  # fused weak computations' counters
