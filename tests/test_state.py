@@ -430,3 +430,19 @@ def test_json_codec_round_trips_exactly_and_writes_equal_values_as_equal_bytes()
                     Point(1, 2)]:
         with pytest.raises(TypeError, match="PickleCodec"):
             codec.encode(changed)
+
+
+def test_json_encoded_values_hold_only_their_own_bytes():
+    """Encoded values live on in productions and state until a step ends: each must take about its
+    own length in memory (orjson's result object keeps its whole output buffer, kilobytes)."""
+    import tracemalloc
+
+    codec = JsonCodec()
+    values = [v for i in range(2_000) for v in ({"bucket": i, "count": 1}, f"a string {i}", [i, 2.5, None])]
+    tracemalloc.start()
+    try:
+        kept = [codec.encode(v) for v in values]
+        per_value = tracemalloc.get_traced_memory()[0] / len(kept)
+    finally:
+        tracemalloc.stop()
+    assert per_value < 200, f"{per_value:.0f} bytes of memory per encoded value"

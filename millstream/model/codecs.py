@@ -37,6 +37,13 @@ _JSON_DECODER = json.JSONDecoder()
 _BIG_INTEGER = re.compile(rb"\d{20}")
 
 
+def _orjson(value: Any, option: int = 0) -> bytes:
+    """orjson's bytes, copied to an object of their own size: the object orjson returns keeps its whole
+    output buffer (a kilobyte or more) for as long as it lives, and encoded values live on in
+    productions and state until the step ends."""
+    return memoryview(orjson.dumps(value, option=option)).tobytes()
+
+
 def _json_problem(value: Any) -> str | None:
     """Why `value` would not come back from JSON unchanged (None: it would)."""
     kind = type(value)
@@ -87,14 +94,14 @@ class JsonCodec:
         if kind is int:
             return b"%d" % value  # JSON's text of any int, exactly
         if kind is str:
-            return orjson.dumps(value)
+            return _orjson(value)
         if kind is dict:  # the common flat record: str keys, scalar values (what _json_problem allows)
             for key, item in value.items():
                 if type(key) is not str or type(item) not in _JSON_SCALARS:
                     break
             else:
                 try:
-                    return orjson.dumps(value, option=_ORJSON_OPTIONS)
+                    return _orjson(value, _ORJSON_OPTIONS)
                 except orjson.JSONEncodeError:  # integers beyond 64 bits: the stdlib writes them exactly
                     return _JSON_ENCODER.encode(value).encode()
         problem = _json_problem(value)
@@ -105,7 +112,7 @@ class JsonCodec:
                 f"JSON cannot store {problem}; convert it, or use a codec such as millstream.PickleCodec()"
             )
         try:
-            return orjson.dumps(value, option=_ORJSON_OPTIONS)
+            return _orjson(value, _ORJSON_OPTIONS)
         except orjson.JSONEncodeError:  # integers beyond 64 bits: the stdlib writes them exactly
             return _JSON_ENCODER.encode(value).encode()
 

@@ -19,6 +19,7 @@ from functools import partial
 from operator import itemgetter
 from typing import Any, Sequence
 
+from millstream.core import flatpickle
 from millstream.core.executor import Delivery
 from millstream.core.production import Produced
 from millstream.model.records import Record
@@ -41,7 +42,7 @@ def deliveries(items: list[DeliveryItem], codecs: dict[str, Any]) -> list[Delive
 
 
 def pack(items: Sequence[Any]) -> bytes:
-    return pickle.dumps(list(items), protocol=5)
+    return flatpickle.dumps(list(items))
 
 
 def unpack(bundle: bytes | None) -> list[Any]:
@@ -54,7 +55,7 @@ _as_produced = partial(tuple.__new__, Produced)
 
 
 def pack_productions(items: Sequence[Produced]) -> bytes:
-    return pickle.dumps(list(map(tuple, items)), protocol=5)
+    return flatpickle.dumps(list(map(tuple, items)))
 
 
 def unpack_productions(bundle: bytes | None) -> list[Produced]:

@@ -29,8 +29,10 @@ import pickle
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Iterable, Mapping
 
+from millstream.core import flatpickle
 from millstream.core.store import MemoryKeyStore, StoredKey
 
 CHUNK_BYTES = 4 << 20
@@ -97,6 +99,14 @@ class _Cache:
         return self.live_bytes + _DEDUP_ENTRY_BYTES * len(self.keys.dedup)
 
 
+_as_stored_key = partial(tuple.__new__, StoredKey)
+
+
+def _chunk_blob(keys: dict[str, StoredKey | None], seen: list[tuple[str, str, int]]) -> bytes:
+    """A chunk: its keys as plain tuples (a NamedTuple pickles through a Python call each) and its ids."""
+    return flatpickle.dumps(({key: None if stored is None else tuple(stored) for key, stored in keys.items()}, seen))
+
+
 _DEDUP_ENTRY_BYTES = 48  # a (key, id, mark) entry, roughly, once pickled
 _CACHES: "OrderedDict[tuple[str, int], _Cache]" = OrderedDict()
 
@@ -126,7 +136,9 @@ class SparkKeyStore:
         value = self._chunks.getValue((chunk_id,))
         if not value:
             raise RuntimeError(f"state chunk {chunk_id} of key group {self._cache_key[1]} is missing")
-        return pickle.loads(bytes(value[0]))  # type: ignore[no-any-return]  # written by this module
+        keys, seen = pickle.loads(bytes(value[0]))  # written by this module (_chunk_blob)
+        # Keys as plain tuples; chunks written by earlier versions hold StoredKeys: the same values.
+        return {key: None if stored is None else _as_stored_key(stored) for key, stored in keys.items()}, seen
 
     def _current_cache(self) -> _Cache:
         cache = _CACHES.get(self._cache_key)
@@ -172,7 +184,7 @@ class SparkKeyStore:
                 head.watermark, head.horizon_ms = low_watermark, horizon_ms
                 self._head_state.update((head.dumps(),))
             return
-        blob = pickle.dumps((changes, seen), protocol=5)
+        blob = _chunk_blob(changes, seen)
         chunk_id = head.next_id
         self._chunks.updateValue((chunk_id,), (blob,))
         self.bytes_written += len(blob)
@@ -212,7 +224,7 @@ class SparkKeyStore:
         head.delta_bytes = 0
 
     def _write_base(self, keys: dict[str, StoredKey | None], seen: list[tuple[str, str, int]]) -> tuple[int, str]:
-        blob = pickle.dumps((keys, seen), protocol=5)
+        blob = _chunk_blob(keys, seen)
         chunk_id = self.head.next_id
         self.head.next_id += 1
         self._chunks.updateValue((chunk_id,), (blob,))
