@@ -3,7 +3,11 @@ drives it (bundled deliveries in, sorted into input order, one step per key grou
 the in-memory key store), next to a plain-CPython Windower with a timer heap written for this
 workload alone: the interpreter's own speed, what the core's overhead is measured against.
 
-Both run in this one process, interleaved (core, plain, core, plain, ...), each timed by the process's
+A third run, interleaved with them, gives the same workload to the core through the per-key batch
+hook (bench.common.BatchWindower: `process_records` instead of `process_record`): what a user who
+can vectorize gets. All three must give the same windows.
+
+All run in this one process, interleaved (core, plain, batch hook, core, ...), each timed by the process's
 CPU time (time.process_time: what another process on the machine takes from this one's core is not
 charged) and by wall time; the best of the repeats counts. The ratio core / plain is the figure to
 trust on a busy machine.
@@ -21,8 +25,9 @@ import os
 import pstats
 import time
 from collections import Counter
+from functools import partial
 
-from bench.common import RESULTS_DIR, KeyedRecords, KeyedWatermark, Windower, cli
+from bench.common import RESULTS_DIR, BatchWindower, KeyedRecords, KeyedWatermark, Windower, cli
 from millstream import Pipeline, ScriptedInjector
 from millstream.core.executor import KeyGroupExecutor
 from millstream.core.plan import key_group, plan_computation
@@ -50,11 +55,12 @@ def bundles(keys: int, start: int, end: int, segment: int) -> dict[int, bytes]:
     return {g: pack(items) for g, items in groups.items()}
 
 
-def run_core(keys: int, total: int, batch: int, profiler: cProfile.Profile | None = None) -> tuple[float, float, Counter]:
+def run_core(keys: int, total: int, batch: int, profiler: cProfile.Profile | None = None,
+             computation: type[Windower] = Windower) -> tuple[float, float, Counter]:
     """(CPU seconds, wall seconds, the windows as a multiset of (key, bucket, count)). With
     `profiler`, it profiles the timed part only."""
     pipeline = (Pipeline("p").add_injector("gen", ScriptedInjector("gen", []), "events")
-                .add_computation("win", Windower(), ["events"], ["windows"]))
+                .add_computation("win", computation(), ["events"], ["windows"]))
     plan = plan_computation(pipeline, "win", KEY_GROUPS)
     stores = [MemoryKeyStore() for _ in range(KEY_GROUPS)]
     codecs = {"events": plan.input("events").codec}
@@ -131,26 +137,30 @@ def main(quick: bool) -> dict:
         os.makedirs(RESULTS_DIR, exist_ok=True)
         with open(os.path.join(RESULTS_DIR, "core-profile.txt"), "w") as f:
             f.write(text)
-    core_cpu, core_wall, plain_cpu, plain_wall = [], [], [], []
+    run_batched = partial(run_core, computation=BatchWindower)
+    core_cpu, core_wall, plain_cpu, plain_wall, batched_cpu, batched_wall = [], [], [], [], [], []
     for _ in range(repeats):
-        for runner, cpu, wall in ((run_core, core_cpu, core_wall), (run_plain, plain_cpu, plain_wall)):
+        outputs = []
+        for runner, cpu, wall in ((run_core, core_cpu, core_wall), (run_plain, plain_cpu, plain_wall),
+                                  (run_batched, batched_cpu, batched_wall)):
             seconds, wall_seconds, out = runner(keys, total, batch)
             wall.append(wall_seconds)
             cpu.append(seconds)
-            if runner is run_core:
-                core_out = out
-            else:
-                plain_out = out
+            outputs.append(out)
+        core_out, plain_out, batched_out = outputs
         assert core_out == plain_out, "the core's windows differ from plain Python's"
-    core_s, plain_s = min(core_cpu), min(plain_cpu)
+        assert batched_out == plain_out, "the batch hook's windows differ from plain Python's"
+    core_s, plain_s, batched_s = min(core_cpu), min(plain_cpu), min(batched_cpu)
     result = {"keys": keys, "records": total, "batch": batch, "windows": sum(core_out.values()), "identical_output": core_out == plain_out, "repeats": repeats,
               "core_records_per_s": round(total / core_s), "plain_records_per_s": round(total / plain_s),
               "core_vs_plain": round(plain_s / core_s, 3),
+              "batch_hook_records_per_s": round(total / batched_s), "batch_hook_vs_plain": round(plain_s / batched_s, 3),
               "clock": "CPU time of this process (best of the repeats)",
               "core_cpu_s": [round(x, 3) for x in core_cpu], "plain_cpu_s": [round(x, 3) for x in plain_cpu],
               "core_wall_s": [round(x, 3) for x in core_wall], "plain_wall_s": [round(x, 3) for x in plain_wall]}
     print(f"[core] {keys:,} keys, {total:,} records: core {result['core_records_per_s']:,} rec/s, plain CPython "
-          f"{result['plain_records_per_s']:,} rec/s, core/plain = {result['core_vs_plain']} (CPU time)", flush=True)
+          f"{result['plain_records_per_s']:,} rec/s, core/plain = {result['core_vs_plain']}; with the batch hook "
+          f"{result['batch_hook_records_per_s']:,} rec/s = {result['batch_hook_vs_plain']} (CPU time)", flush=True)
     return result
 
 

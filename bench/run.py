@@ -73,6 +73,9 @@ def table(results: dict[str, dict]) -> str:
         add("core", f"offline core, one core, {core['keys']:,} keys: records/s (plain CPython timer heap: "
             f"{_n(core['plain_records_per_s'])})", _n(core["core_records_per_s"]), ">= 150,000",
             core["core_records_per_s"] >= 150_000)
+        if "batch_hook_records_per_s" in core:
+            add("core", "the same through the per-key batch hook (process_records): records/s",
+                _n(core["batch_hook_records_per_s"]))
 
     row = results.get("throughput", {}).get("result")
     if row:
