@@ -23,7 +23,7 @@ EVENTS, KEYS = 3_000, 6
 
 def start(root, out, *extra, checkpoints=None):
     command = [sys.executable, os.path.join(HERE, "fence_driver.py"), "--root", root, "--out", str(out),
-               "--events", str(EVENTS), "--rate", "20", *extra]  # ~150 s: the take-over must land mid-run
+               "--events", str(EVENTS), "--rate", "15", *extra]  # ~200 s: the take-over must land mid-run
     if checkpoints:
         command += ["--checkpoint-root", checkpoints]
     return subprocess.Popen(command, cwd=ROOT_DIR, env={**os.environ, "PYTHONPATH": ROOT_DIR},
