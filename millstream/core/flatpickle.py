@@ -1,4 +1,4 @@
-"""Pickling of millstream's own flat data (bundles, key blobs, state-store chunks) without pickle's memo.
+"""Pickling of millstream's own flat data (bundles, productions, state-store chunks) without pickle's memo.
 
 Pickle remembers every object it writes, so that a second reference to it is written as a back
 reference: one dict insertion per string, bytes and tuple. The data millstream pickles for itself is
@@ -10,7 +10,7 @@ result as usual.
 >>> pickle.loads(dumps([("k", b"v", 1), ("k", b"w", 2)]))
 [('k', b'v', 1), ('k', b'w', 2)]
 
-Never for data with cycles (a list that holds itself would recurse forever).
+Never for data with cycles: without a memo pickle cannot write them and raises an error.
 """
 
 from __future__ import annotations
