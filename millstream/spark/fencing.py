@@ -102,23 +102,33 @@ class Lease:
         self._thread.start()
 
     def _beat(self) -> None:
-        while not self._stop.wait(HEARTBEAT_S):
+        while not self._stop.wait(HEARTBEAT_S) and not self.fenced:
             try:
-                current = self.holder()
-                if current is not None and current.epoch != self.epoch:
-                    self.fenced = f"another driver took over this root: {current.describe()}"
-                    return
-                self.storage.write_json(LEASE_FILE, asdict(Holder.me(self.epoch or 0)))
+                self.beat()
             except Exception:  # a failed heartbeat is retried; the lease times out if it keeps failing
                 continue
+
+    def beat(self) -> None:
+        """Refresh the lease, or note that a newer epoch holds it. Reading and rewriting the file is
+        not atomic: a driver being taken over can rewrite its older epoch just after the new driver
+        wrote its own. So an older epoch found in the file is overwritten, never obeyed; the old
+        driver sees the newer epoch on its next beat."""
+        current = self.holder()
+        if self._newer(current):
+            self.fenced = f"another driver took over this root: {current.describe()}"  # type: ignore[union-attr]
+            return
+        self.storage.write_json(LEASE_FILE, asdict(Holder.me(self.epoch or 0)))
+
+    def _newer(self, current: Holder | None) -> bool:
+        return current is not None and self.epoch is not None and current.epoch > self.epoch
 
     def check(self) -> None:
         """Raise Fenced if another driver has taken over."""
         if self.fenced:
             raise Fenced(self.fenced)
         current = self.holder()
-        if current is not None and self.epoch is not None and current.epoch != self.epoch:
-            self.fenced = f"another driver took over this root: {current.describe()}"
+        if self._newer(current):
+            self.fenced = f"another driver took over this root: {current.describe()}"  # type: ignore[union-attr]
             raise Fenced(self.fenced)
 
     def release(self) -> None:

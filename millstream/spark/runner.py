@@ -47,6 +47,8 @@ __all__ = ["ComputationProgress", "MillstreamRunError", "PipelineProgress", "Roo
 
 # Version of the state and log layout under a root; a root written by another version is refused.
 LAYOUT_FORMAT = 3
+# A take-over's claim retries while the driver it takes over publishes its last batches (see _claim).
+TAKEOVER_ATTEMPTS = 20
 
 
 @dataclass
@@ -234,7 +236,7 @@ class SparkRunner:
             return
         _pickle_user_code_by_value(self.pipeline)
         self._started_ms = int(time.time() * 1000)
-        self._claim()  # before Spark starts: a root in use is refused in a moment
+        self.claim()  # before Spark starts: a root in use is refused in a moment
         spark = self.spark
         self.sinks = SinkDelivery(self.root, sink_deliverers(spark, self.root, self.pipeline, set(self.commits)))
         self.publisher = Publisher(self.root, self.commits, self.sinks)
@@ -305,7 +307,7 @@ class SparkRunner:
                 pass
         self._listener = None
 
-    def _claim(self) -> None:
+    def claim(self) -> None:
         """Take charge of the root: refuse if another live driver holds it (unless taking over), then
         claim a new epoch in every computation's publication log."""
         holder = self.lease.holder()
@@ -317,27 +319,48 @@ class SparkRunner:
         strong = [name for name in self.plans if name not in self._fused_into]
         claimed = [c["epoch"] for c in (PublicationLog(self.root, n).last_claim() for n in strong) if c is not None]
         self.epoch = max([holder.epoch if holder else 0, *claimed]) + 1
-        for name in strong:
-            self._claim_computation(name, copy_checkpoint=live)
+        if not live:
+            for name in strong:
+                self._claim_computation(name)
+            self.lease.hold(self.epoch)
+            return
+        # Taking over from a driver that runs: the lease tells it first (it starts no more batches),
+        # so its publications stop and the claims below stop racing them.
         self.lease.hold(self.epoch)
+        try:
+            for name in strong:
+                self._claim_computation(name, copy_checkpoint=True)
+        except BaseException:
+            self.lease.release()
+            raise
 
     def _claim_computation(self, name: str, copy_checkpoint: bool = False) -> None:
-        """Claim this driver's epoch in one computation's log and set up its commit protocol."""
+        """Claim this driver's epoch in one computation's log and set up its commit protocol. Taking
+        over from a driver that may still publish, the claim retries while that driver's batches
+        land where the claim wanted to go: each try copies the checkpoint cut back to the batch last
+        published, so the copy holds Spark's commit of every published batch and no other."""
         plan = self.plans[name]
         log = PublicationLog(self.root, name)
-        head = log.head()
-        last_claim = log.last_claim()
-        checkpoint = last_claim["checkpoint"] if last_claim else Storage(self.checkpoint_root).child(
-            f"{name}/g0000").location
-        last_published, _ = _last_published(log)
-        if copy_checkpoint and last_claim is not None:
-            checkpoint = _copy_checkpoint(checkpoint, last_published)
-        writer = FencedWriter(log, self.epoch, head + 1)
-        try:
-            writer.append({"type": CLAIM, "driver": driver_info(self.epoch), "checkpoint": checkpoint})
-        except Fenced:
-            raise RootInUse(f"{self.storage.describe()}: another driver started on this root at the same "
-                            "moment; only one may run") from None
+        for _ in range(TAKEOVER_ATTEMPTS):
+            head = log.head()
+            last_claim = log.last_claim()
+            checkpoint = last_claim["checkpoint"] if last_claim else Storage(self.checkpoint_root).child(
+                f"{name}/g0000").location
+            last_published, _ = _last_published(log)
+            if copy_checkpoint and last_claim is not None:
+                checkpoint = _copy_checkpoint(checkpoint, last_published)
+            writer = FencedWriter(log, self.epoch, head + 1)
+            try:
+                writer.append({"type": CLAIM, "driver": driver_info(self.epoch), "checkpoint": checkpoint})
+                break
+            except Fenced:
+                there = log.read(head + 1) or {}
+                if there.get("type") == CLAIM or int(there.get("epoch", 0)) >= self.epoch:
+                    raise RootInUse(f"{self.storage.describe()}: another driver started on this root at the same "
+                                    "moment; only one may run") from None
+        else:
+            raise RootInUse(f"{self.storage.describe()}: the driver being taken over kept publishing computation "
+                            f"{name!r} while {TAKEOVER_ATTEMPTS} claims were tried; stop it, or try again")
         file_sinks = tuple(
             FileSink(s.name, s.stream, s.path, s.format, self.pipeline.codec(s.stream))  # type: ignore[arg-type]
             for s in self.pipeline.sinks.values() if s.is_file_sink and s.stream in plan.output_codecs)

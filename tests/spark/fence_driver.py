@@ -31,6 +31,7 @@ def main() -> int:
     parser.add_argument("--takeover", action="store_true")
     parser.add_argument("--events", type=int, default=3_000)
     parser.add_argument("--rate", type=float, default=50.0)
+    parser.add_argument("--timeout", type=float, default=1200.0)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     from millstream.spark.runner import SparkRunner
@@ -38,7 +39,7 @@ def main() -> int:
     try:
         runner = SparkRunner(pipeline(args.events, args.rate), root=args.root, master="local[2]",
                              checkpoint_root=args.checkpoint_root, takeover=args.takeover)
-        runner.run(timeout=600)
+        runner.run(timeout=args.timeout)
     except Exception as error:
         with open(args.out, "w") as out:
             json.dump({"error": f"{type(error).__name__}: {error}"}, out)

@@ -21,9 +21,9 @@ ROOT_DIR = os.path.dirname(os.path.dirname(HERE))
 EVENTS, KEYS = 3_000, 6
 
 
-def start(root, out, *extra, checkpoints=None):
+def start(root, out, *extra, rate, checkpoints=None):
     command = [sys.executable, os.path.join(HERE, "fence_driver.py"), "--root", root, "--out", str(out),
-               "--events", str(EVENTS), "--rate", "15", *extra]  # ~200 s: the take-over must land mid-run
+               "--events", str(EVENTS), "--rate", str(rate), *extra]
     if checkpoints:
         command += ["--checkpoint-root", checkpoints]
     return subprocess.Popen(command, cwd=ROOT_DIR, env={**os.environ, "PYTHONPATH": ROOT_DIR},
@@ -33,6 +33,14 @@ def start(root, out, *extra, checkpoints=None):
 def batches_published(root):
     log = PublicationLog(root, "count")
     return sum(1 for _, e in log.entries_after(-1, 10_000) if e["type"] == "batch")
+
+
+def claimed_epochs(root):
+    return [e["epoch"] for _, e in PublicationLog(root, "count").entries_after(-1, 10_000) if e["type"] == "claim"]
+
+
+def outcome(path):
+    return path.read_text() if path.exists() else "(the driver wrote no outcome)"
 
 
 def wait_for(condition, seconds, what):
@@ -46,26 +54,39 @@ def wait_for(condition, seconds, what):
 def test_a_second_driver_refuses_and_a_take_over_fences_the_first(where, tmp_path, request):
     root = str(tmp_path / "root") if where == "local" else request.getfixturevalue("s3_server").location("root")
     checkpoints = str(tmp_path / "checkpoints")
-    first = start(root, tmp_path / "first.json", checkpoints=checkpoints)
+    # The first driver is paced to need 600 s, so it is still running whenever the take-over lands
+    # (the offsets keep its start time: the one taking over, paced faster, catches up at once).
+    first = start(root, tmp_path / "first.json", rate=EVENTS / 600, checkpoints=checkpoints)
+    third = None
     try:
         wait_for(lambda: batches_published(root) >= 3, 180, "the first driver's batches")
         # A second driver on the same root refuses, quickly, naming the one that runs.
         started = time.time()
-        second = start(root, tmp_path / "second.json", checkpoints=checkpoints)
+        second = start(root, tmp_path / "second.json", rate=EVENTS / 600, checkpoints=checkpoints)
         assert second.wait(timeout=120) == 3
         refusal = json.loads((tmp_path / "second.json").read_text())["error"]
         assert "in use by another driver" in refusal and f"process {first.pid}" in refusal, refusal
         assert time.time() - started < 30, "the refusal must not wait for Spark"
         assert first.poll() is None, "the refusing driver disturbed the running one"
-        # A third takes over: the first is fenced and stops; the third finishes the run.
-        third = start(root, tmp_path / "third.json", "--takeover", checkpoints=checkpoints)
-        assert first.wait(timeout=180) == 3
+        # A third takes over: it claims before starting Spark, the first is fenced and stops, and the
+        # third finishes the run.
+        started = time.time()
+        third = start(root, tmp_path / "third.json", "--takeover", rate=1_000, checkpoints=checkpoints)
+        wait_for(lambda: claimed_epochs(root) == [1, 2] or third.poll() is not None, 120, "the take-over's claim")
+        assert claimed_epochs(root) == [1, 2], outcome(tmp_path / "third.json")
+        claimed = time.time()
+        assert claimed - started < 60, f"the take-over claimed {claimed - started:.0f} s after it started"
+        try:
+            assert first.wait(timeout=120) == 3, "the first driver finished instead of being fenced"
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"the fenced driver still ran {time.time() - claimed:.0f} s after the take-over "
+                                 f"claimed (batches published: {batches_published(root)})") from None
         fenced = json.loads((tmp_path / "first.json").read_text())["error"]
         assert "took over" in fenced or "another driver" in fenced, fenced
-        assert third.wait(timeout=600) == 0, (tmp_path / "third.json").read_text()
+        assert third.wait(timeout=600) == 0, outcome(tmp_path / "third.json")
     finally:
-        for process in (first,):
-            if process.poll() is None:
+        for process in (first, third):
+            if process is not None and process.poll() is None:
                 process.kill()
     log = PublicationLog(root, "count")
     entries = log.entries_after(-1, 100_000)
