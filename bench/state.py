@@ -217,6 +217,14 @@ def one(keys: int, per_batch: int, steady: int) -> dict:
     rocks = {p["batch"]: sum(int(s["custom"].get("rocksdbTotalBytesWritten", 0)) for s in p["state"])
              for p in collector.progress(f"{name}.model")}
     warm_ids = {h["batch"] for h in warm}
+    # Spark's own split of a batch's time (durationMs: addBatch runs the stateful operator), mean
+    # over the steady batches.
+    phases: dict[str, list[int]] = {}
+    steady_ids = {h["batch"] for h in steady_batches}
+    for p in collector.progress(f"{name}.model"):
+        if p["batch"] in steady_ids:
+            for phase, ms in p["durationMs"].items():
+                phases.setdefault(phase, []).append(ms)
     rocks_warm = sum(v for b, v in rocks.items() if b in warm_ids)
     changed_warm = sum(h["state_bytes_changed"] or 0 for h in warm)
 
@@ -241,6 +249,7 @@ def one(keys: int, per_batch: int, steady: int) -> dict:
         "batch_s_p50": round(percentile([b["published_s"] - a["published_s"]
                                          for a, b in zip(steady_batches, steady_batches[1:])], 0.5), 3),
         "state_after_horizon": ratio(warm), "state_all_steady": ratio(steady_batches),
+        "steady_batch_ms_by_phase": {k: round(sum(v) / len(v)) for k, v in sorted(phases.items())},
         "rocksdb_bytes_written_after_horizon": rocks_warm,
         "rocksdb_over_changed_after_horizon": round(rocks_warm / changed_warm, 3) if changed_warm else None,
         "rss_mb_by_quarter": quarters, "rss_growth_q4_over_q2": growth,

@@ -35,7 +35,7 @@ from millstream.spark.bundles import (BUNDLE_RECORDS, DeliveryItem, deliveries, 
                                       unpack_productions)
 from millstream.spark.errors import report_failure
 from millstream.spark.source import BatchPlan
-from millstream.spark.statestore import SparkKeyStore
+from millstream.spark.statestore import WORKER_GARBAGE, SparkKeyStore
 
 try:
     from pyspark.sql import Row
@@ -128,6 +128,7 @@ class _GroupStep:
         except ComputationFailed as failure:
             report_failure(self.root, self.plan.name, str(failure))
             raise
+        WORKER_GARBAGE.settle()  # the daemon's collection after the task skips the caches
         return result, store.bytes_written, plan, upstream
 
 
