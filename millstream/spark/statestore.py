@@ -114,8 +114,7 @@ class WorkerGarbage:
 
     PySpark's daemon runs `gc.collect()` after every task of a reused Python worker: a full
     collection that visits every object alive, the key caches included, so each task would cost
-    time in proportion to all the state the worker caches (at 1e6 keys it took most of the worker's
-    time). After each key group's step, `settle()` moves what is alive into the permanent generation
+    time in proportion to all the state the worker caches (docs/performance.md measured it). After each key group's step, `settle()` moves what is alive into the permanent generation
     (`gc.freeze`, O(1)), which collections skip; frozen objects are still freed by reference
     counting, as the caches' tuples and bytes are. Only cyclic garbage that was frozen waits for a
     real full collection, run again once `spacing` times its own duration has passed, and at least
