@@ -34,6 +34,7 @@ from millstream.model.records import Record
 from millstream.spark.bundles import (BUNDLE_RECORDS, DeliveryItem, deliveries, pack, pack_productions, unpack,
                                       unpack_productions)
 from millstream.spark.errors import report_failure
+from millstream.spark.partitioning import GroupLabels
 from millstream.spark.source import BatchPlan
 from millstream.spark.statestore import WORKER_GARBAGE, SparkKeyStore
 
@@ -133,18 +134,19 @@ class _GroupStep:
 
 
 class KeyGroupProcessor(StatefulProcessor):
-    """A computation on Spark: one grouping key per key group."""
+    """A computation on Spark: one grouping key per key group (its label, partitioning.py)."""
 
-    def __init__(self, plan: ComputationPlan, root: str, namespace: str) -> None:
+    def __init__(self, plan: ComputationPlan, root: str, namespace: str, labels: GroupLabels) -> None:
         self.plan = plan
         self.root = root
         self.namespace = namespace
+        self.labels = labels
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.step = _GroupStep(self.plan, self.root, self.namespace, handle)
 
     def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:
-        group = key[0]
+        group = self.labels.group(key[0])
         result, bytes_written, _, upstream = self.step.run(group, rows)
         yield from output_rows(self.plan, group, result, bytes_written, pack(upstream) if upstream else None)
 
@@ -155,14 +157,16 @@ class KeyGroupProcessor(StatefulProcessor):
 class FusedProducerProcessor(StatefulProcessor):
     """A weak computation, fused ahead of its consumer in the consumer's query (see the module doc)."""
 
-    def __init__(self, plan: ComputationPlan, consumer: ComputationPlan, root: str, namespace: str) -> None:
+    def __init__(self, plan: ComputationPlan, consumer: ComputationPlan, root: str, namespace: str,
+                 labels: GroupLabels) -> None:
         self.plan, self.consumer, self.root, self.namespace = plan, consumer, root, namespace
+        self.labels = labels  # the consumer's key groups', the same as this one's (one root)
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.step = _GroupStep(self.plan, self.root, self.namespace, handle)
 
     def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:
-        group = key[0]
+        group = self.labels.group(key[0])
         result, bytes_written, batch, _ = self.step.run(group, rows)
         plan_blob = batch.dumps()
         by_group: dict[int, list[DeliveryItem]] = {}
@@ -178,10 +182,10 @@ class FusedProducerProcessor(StatefulProcessor):
                 by_group.setdefault(key_group(handed[0], self.consumer.key_groups), []).append(handed)
         for target, items in sorted(by_group.items()):
             for start in range(0, len(items), BUNDLE_RECORDS):
-                yield Row(key_group=target, bundle=pack(items[start:start + BUNDLE_RECORDS]), rejected=None,
-                          plan=plan_blob, reports=None)
+                yield Row(key_group=self.labels.label(target), bundle=pack(items[start:start + BUNDLE_RECORDS]),
+                          rejected=None, plan=plan_blob, reports=None)
         report = group_report(self.plan, group, result, bytes_written)
-        yield Row(key_group=group % self.consumer.key_groups, bundle=None,
+        yield Row(key_group=self.labels.label(group % self.consumer.key_groups), bundle=None,
                   rejected=pack_productions(passthrough) if passthrough else None, plan=plan_blob, reports=pack([report]))
 
     def _hand_over(self, item: Produced) -> DeliveryItem | Produced:

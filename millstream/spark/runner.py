@@ -36,6 +36,7 @@ from millstream.spark.errors import MillstreamRunError, reported_failure, restar
 from millstream.spark.feeds import Feeds
 from millstream.spark.fencing import Lease, RootInUse, driver_info
 from millstream.spark.operator import FUSED_SCHEMA, OUTPUT_SCHEMA, FusedProducerProcessor, KeyGroupProcessor
+from millstream.spark.partitioning import GroupLabels, alignment
 from millstream.spark.publog import BATCH, CLAIM, Fenced, FencedWriter, PublicationLog
 from millstream.spark.retention import DEFAULT_RETAIN_LOGS_S, LogRetention
 from millstream.spark.sinks import SinkDelivery, sink_deliverers
@@ -174,6 +175,8 @@ class SparkRunner:
         self._start_positions: dict[str, dict[str, Any]] = {}  # new computations starting from now
         self.epoch = 0
         self._started_ms = 0
+        self._group_labels: list[int] | None = None  # chosen at the first start (see _labels)
+        self.group_labels: GroupLabels | None = None  # set by start()
         self.key_groups = self._layout(key_groups)
         self._parallelism = parallelism
         self.plans: dict[str, ComputationPlan] = {
@@ -207,13 +210,26 @@ class SparkRunner:
             if problems:
                 raise PipelineError(f"{self.storage.describe()} cannot run this pipeline: {'; '.join(problems)}. "
                                     "Use another root directory or delete this one to start over")
+            # A root from before labels existed keeps Spark's state under each key group's index.
+            self._group_labels = stored.get("group_labels", list(range(key_groups)))
+        wanted["group_labels"] = self._group_labels
         self.storage.write_json(path, wanted)
         return key_groups
 
     def _layout_record(self, key_groups: int) -> dict[str, Any]:
         return {"format": LAYOUT_FORMAT, "pipeline": self.pipeline.name, "key_groups": key_groups,
                 "computations": sorted(self.pipeline.computations), "weak": sorted(self._fused_into),
-                "fused_into": {name: self._fused_into.get(name) for name in sorted(self.pipeline.computations)}}
+                "fused_into": {name: self._fused_into.get(name) for name in sorted(self.pipeline.computations)},
+                "group_labels": self._group_labels}
+
+    def _labels(self, parallelism: int) -> GroupLabels:
+        """The key groups' grouping values (partitioning.py), chosen at the root's first start for the
+        parallelism it starts with, and kept."""
+        if self._group_labels is None:
+            labels = GroupLabels.aligned(self.key_groups, alignment(self.key_groups, parallelism))
+            self._group_labels = list(labels.labels)
+            self.storage.write_json("pipeline.json", self._layout_record(self.key_groups))
+        return GroupLabels(tuple(self._group_labels))
 
     # -- lifecycle -----------------------------------------------------------------------------
     @property
@@ -246,6 +262,7 @@ class SparkRunner:
         self.publisher.start()
         self._ensure_listener()
         parallelism = self._parallelism or int(spark.sparkContext.defaultParallelism)
+        self.group_labels = self._labels(parallelism)
         spark.conf.set("spark.sql.shuffle.partitions", str(max(1, min(parallelism, self.key_groups))))
         self.feeds.start(self.pipeline.name)
         for name in self.commits:
@@ -445,7 +462,9 @@ class SparkRunner:
                                   node.on_malformed if node else ErrorPolicy.DEAD_LETTER,
                                   node.idle_after_ms if node else None, node.max_skew_ms if node else None,
                                   tuple(self.pipeline.downstream(sender.stream)) if node else ()))
-        source_plan = SourcePlan(first, self.root, tuple(senders), wake_file(name),
+        labels = self.group_labels
+        assert labels is not None, "queries start after start() chose the key groups' labels"
+        source_plan = SourcePlan(first, self.root, tuple(senders), wake_file(name), labels,
                                  max_records_per_batch=self.max_records_per_batch,
                                  start_positions=self._start_positions.get(name, {}))
         # The plan travels inside the registered class; options (printed in query plans) carry no plan.
@@ -455,10 +474,10 @@ class SparkRunner:
         namespace = commit.checkpoint.location
         for weak in commit.fused:
             rows = rows.groupBy("key_group").transformWithState(
-                FusedProducerProcessor(weak, plan, self.root, f"{namespace}#{weak.name}"), FUSED_SCHEMA, "Update",
-                "None")
+                FusedProducerProcessor(weak, plan, self.root, f"{namespace}#{weak.name}", labels), FUSED_SCHEMA,
+                "Update", "None")
         rows = rows.groupBy("key_group").transformWithState(
-            KeyGroupProcessor(plan, self.root, f"{namespace}#{name}"), OUTPUT_SCHEMA, "Update", "None")
+            KeyGroupProcessor(plan, self.root, f"{namespace}#{name}", labels), OUTPUT_SCHEMA, "Update", "None")
         query = (
             rows.writeStream.queryName(f"{self.pipeline.name}.{name}")
             .foreachBatch(BatchStager(self.root, commit, self.lease, self.publisher))  # type: ignore[arg-type]

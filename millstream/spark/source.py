@@ -38,6 +38,7 @@ from millstream.model.pipeline import ErrorPolicy
 from millstream.model.records import BEGINNING_OF_TIME, Record
 from millstream.spark.bundles import BUNDLE_RECORDS, DeliveryItem, pack, pack_productions
 from millstream.spark.errors import report_failure
+from millstream.spark.partitioning import GroupLabels
 from millstream.spark.publog import BATCH, PublicationLog
 from millstream.spark.storage import Storage
 
@@ -79,6 +80,7 @@ class SourcePlan:
     root: str
     senders: tuple[Sender, ...]
     wake_file: str  # where the computation's next wall-time timer is noted (wall ticks)
+    labels: GroupLabels  # each key group's value in the grouping column (partitioning.py)
     max_records_per_batch: int = 100_000
     max_log_entries: int = 64
     max_points: int = 512
@@ -281,7 +283,7 @@ class InputsReader(DataSourceStreamReader):
         assert isinstance(partition, _Partition), partition
         plan = self.plan.computation
         if partition.kind == "heartbeat":
-            yield _batch([(group, None, None) for group in range(plan.key_groups)], partition.plan)
+            yield _batch([(label, None, None) for label in self.plan.labels.labels], partition.plan)
             return
         sender = self.senders[partition.sender]  # type: ignore[index]
         input_plan = plan.input(sender.plan.stream)
@@ -289,7 +291,7 @@ class InputsReader(DataSourceStreamReader):
             feed = self._injector_items(sender, input_plan, partition)
         else:
             feed = self._log_items(sender, input_plan, partition)
-        yield from _bundled(plan, feed, partition.plan)
+        yield from _bundled(plan, self.plan.labels, feed, partition.plan)
 
     def _injector_items(self, sender: Sender, input_plan: InputPlan,
                         partition: _Partition) -> Iterator[DeliveryItem | Produced]:
@@ -341,34 +343,36 @@ class InputsReader(DataSourceStreamReader):
                            error=item.error, segment=segment)
 
 
-def _bundled(plan: ComputationPlan, feed: Iterable[DeliveryItem | Produced], batch: bytes) -> Iterator[pa.RecordBatch]:
-    """The feed's deliveries bundled per key group, dead letters alongside."""
-    pending: dict[int, list[DeliveryItem]] = {}
+def _bundled(plan: ComputationPlan, labels: GroupLabels, feed: Iterable[DeliveryItem | Produced],
+             batch: bytes) -> Iterator[pa.RecordBatch]:
+    """The feed's deliveries bundled per key group (each row under its group's label), dead letters
+    alongside."""
+    pending: dict[int, list[DeliveryItem]] = {}  # by label
     rows: list[tuple[int, bytes | None, bytes | None]] = []
     rejected: list[Produced] = []
-    group_of: dict[str, int] = {}  # keys repeat: hash each once per partition
-    groups = plan.key_groups
+    label_of: dict[str, int] = {}  # keys repeat: hash each once per partition
+    groups, label = plan.key_groups, labels.label
     for item in feed:
         if isinstance(item, Produced):
             rejected.append(item)
             continue
         key = item[0]
-        group = group_of.get(key)
-        if group is None:
-            group = group_of[key] = key_group(key, groups)
-        items = pending.get(group)
+        target = label_of.get(key)
+        if target is None:
+            target = label_of[key] = label(key_group(key, groups))
+        items = pending.get(target)
         if items is None:
-            items = pending[group] = []
+            items = pending[target] = []
         items.append(item)
         if len(items) >= BUNDLE_RECORDS:
-            rows.append((group, pack(items), None))
-            del pending[group]
+            rows.append((target, pack(items), None))
+            del pending[target]
             if len(rows) >= _BUNDLES_PER_ARROW_BATCH:
                 yield _batch(rows, batch)
                 rows = []
-    rows.extend((group, pack(items), None) for group, items in sorted(pending.items()))
+    rows.extend((target, pack(items), None) for target, items in sorted(pending.items()))
     if rejected:
-        rows.append((0, None, pack_productions(rejected)))
+        rows.append((label(0), None, pack_productions(rejected)))
     if rows:
         yield _batch(rows, batch)
 
