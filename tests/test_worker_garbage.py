@@ -60,3 +60,16 @@ def test_cyclic_garbage_frozen_meanwhile_is_collected_when_a_full_collection_is_
     clock.now += 3600
     assert garbage.settle() is True
     assert probe() is None
+
+
+def test_a_worker_waiting_for_its_next_batch_does_not_bring_the_next_full_collection_closer():
+    import time
+
+    garbage = WorkerGarbage(spacing=0, min_gap_s=0.1)  # the default clock: the process's CPU time
+    assert garbage.settle() is True
+    time.sleep(0.3)  # idle between batches: no CPU spent
+    assert garbage.settle() is False
+    busy_until = time.process_time() + 0.15
+    while time.process_time() < busy_until:  # a step's work
+        pass
+    assert garbage.settle() is True

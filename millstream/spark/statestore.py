@@ -117,8 +117,10 @@ class WorkerGarbage:
     time in proportion to all the state the worker caches (docs/performance.md measured it). After each key group's step, `settle()` moves what is alive into the permanent generation
     (`gc.freeze`, O(1)), which collections skip; frozen objects are still freed by reference
     counting, as the caches' tuples and bytes are. Only cyclic garbage that was frozen waits for a
-    real full collection, run again once `spacing` times its own duration has passed, and at least
-    `min_gap_s` (so it takes at most ~1/spacing of the worker's time, however large the state).
+    real full collection, run again once the worker has spent `spacing` times the collection's own
+    CPU time, and at least `min_gap_s`, on other work: `clock` is the process's CPU time, so a full
+    collection takes at most ~1/spacing of the worker's work however large the state, and a worker
+    waiting for its next batch does not bring the next collection closer.
 
     >>> clock = iter([0.0, 0.1, 1.0, 2.2, 2.2, 2.2]).__next__  # the times settle() reads, in order
     >>> garbage = WorkerGarbage(spacing=20, min_gap_s=1.0, clock=clock)
@@ -131,7 +133,7 @@ class WorkerGarbage:
     >>> gc.unfreeze()
     """
 
-    def __init__(self, spacing: float = 20.0, min_gap_s: float = 1.0, clock: Any = time.monotonic) -> None:
+    def __init__(self, spacing: float = 20.0, min_gap_s: float = 1.0, clock: Any = time.process_time) -> None:
         self.spacing, self.min_gap_s, self.clock = spacing, min_gap_s, clock
         self.next_full_at: float | None = None
 
