@@ -19,6 +19,7 @@ import time
 from typing import Any
 
 from bench import baseline
+from millstream.spark.source import DEFAULT_MAX_RECORDS_PER_BATCH
 from bench.common import (
     FirstRead,
     KeyedInjector,
@@ -34,7 +35,7 @@ from bench.common import (
 )
 
 TRIGGER_MS = 200  # SparkRunner's default
-MAX_RECORDS_PER_BATCH = 100_000  # SparkRunner's default
+MAX_RECORDS_PER_BATCH = DEFAULT_MAX_RECORDS_PER_BATCH  # SparkRunner's default
 PARTITIONS = 2
 
 

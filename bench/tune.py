@@ -6,15 +6,16 @@ from __future__ import annotations
 
 from bench.common import ProgressCollector, cli, expected_windows, spark_session
 from bench.throughput import run_millstream
+from millstream.spark.source import DEFAULT_MAX_RECORDS_PER_BATCH
 
 
 def main(quick: bool) -> dict:
     keys, total = 10_000, (60_000 if quick else 300_000)
-    defaults = {"key_groups": 32, "parallelism": 2, "max_records_per_batch": 100_000}
+    defaults = {"key_groups": 32, "parallelism": 2, "max_records_per_batch": DEFAULT_MAX_RECORDS_PER_BATCH}
     settings = [defaults,
                 {**defaults, "key_groups": 8}, {**defaults, "key_groups": 128},
                 {**defaults, "parallelism": 1}, {**defaults, "parallelism": 8},
-                {**defaults, "max_records_per_batch": 50_000}, {**defaults, "max_records_per_batch": 200_000}]
+                {**defaults, "max_records_per_batch": 100_000}, {**defaults, "max_records_per_batch": 400_000}]
     if quick:
         settings = settings[:2]
     spark = spark_session(log_name="tune")

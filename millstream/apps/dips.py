@@ -38,6 +38,8 @@ from millstream.model.records import Record, Timer
 from millstream.model.state import MapState
 from millstream.windows import Count, TumblingWindows, Window, WindowAggregate
 
+HARNESS_BATCH_RECORDS = 100_000  # records per harness step when --batch-records is not given
+
 BUCKET_MS = 1000
 HISTORY_BUCKETS = 5  # buckets of history a dip is judged against
 DIP_RATIO = 0.35  # a bucket below this fraction of the recent mean is a dip
@@ -221,7 +223,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="spark (default) or harness: the in-process test harness, no Spark")
     parser.add_argument("--fresh", action="store_true", help="delete the root first and start over")
     parser.add_argument("--timeout", type=positive_float, default=None, help="give up after this many seconds")
-    parser.add_argument("--batch-records", type=positive_int, default=100_000, help="max records per micro-batch")
+    parser.add_argument("--batch-records", type=positive_int, default=None,
+                        help=f"max records per micro-batch (default: SparkRunner's; harness: {HARNESS_BATCH_RECORDS:,})")
     return parser.parse_args(argv)
 
 
@@ -263,7 +266,8 @@ def _main(argv: list[str] | None) -> int:
 
     display = ProgressDisplay(unit="events", waiting="starting Spark" if args.runner == "spark" else "starting")
     if args.runner == "spark":
-        runner = SparkRunner(pipeline, root=args.root, master=args.master, max_records_per_batch=args.batch_records)
+        batching = {"max_records_per_batch": args.batch_records} if args.batch_records else {}
+        runner = SparkRunner(pipeline, root=args.root, master=args.master, **batching)
 
         def count(progress: Any) -> int:
             return events_read(lambda name: progress.computations[name].records if name in progress.computations else 0)
@@ -284,7 +288,8 @@ def _main(argv: list[str] | None) -> int:
             records = events_read(lambda name: harness.metrics(name).records)
             return snapshot_of_harness(harness, records=records, total=spec.events, newest_event=newest_event(records))
 
-        run_on_harness(harness, display, harness_snapshot, records_per_step=args.batch_records, timeout=args.timeout)
+        run_on_harness(harness, display, harness_snapshot, records_per_step=args.batch_records or HARNESS_BATCH_RECORDS,
+                       timeout=args.timeout)
         windows, dips = harness.output("windows"), harness.output("dips")
     matches, line = verdict(rows(windows), rows(dips), expected_output(spec))
     print(line, flush=True)

@@ -40,7 +40,7 @@ from millstream.spark.partitioning import GroupLabels, alignment
 from millstream.spark.publog import BATCH, CLAIM, Fenced, FencedWriter, PublicationLog
 from millstream.spark.retention import DEFAULT_RETAIN_LOGS_S, LogRetention
 from millstream.spark.sinks import SinkDelivery, sink_deliverers
-from millstream.spark.source import LOG_SCHEMA, Sender, SourcePlan, source_for
+from millstream.spark.source import DEFAULT_MAX_RECORDS_PER_BATCH, LOG_SCHEMA, Sender, SourcePlan, source_for
 from millstream.spark.storage import Storage, check_no_credentials, is_local
 from millstream.spark.writer import FileSink
 
@@ -122,7 +122,7 @@ class SparkRunner:
         key_groups: int = DEFAULT_KEY_GROUPS,
         parallelism: int | None = None,
         trigger_ms: int = 200,
-        max_records_per_batch: int = 100_000,
+        max_records_per_batch: int = DEFAULT_MAX_RECORDS_PER_BATCH,
         spark_conf: Mapping[str, str] | None = None,
         spark: Any = None,
         checkpoint_root: str | None = None,

@@ -74,6 +74,12 @@ class Sender:
     downstream: tuple[str, ...] = ()  # computations downstream of the injector, for the skew limit
 
 
+# The most records a batch reads from injectors (split evenly over their partitions). It binds only
+# when input waits (a backlog): larger batches spread Spark's fixed cost per batch over more records
+# (docs/performance.md, "batch size"), smaller ones keep each batch's memory and duration down.
+DEFAULT_MAX_RECORDS_PER_BATCH = 200_000
+
+
 @dataclass(frozen=True)
 class SourcePlan:
     computation: ComputationPlan
@@ -81,7 +87,7 @@ class SourcePlan:
     senders: tuple[Sender, ...]
     wake_file: str  # where the computation's next wall-time timer is noted (wall ticks)
     labels: GroupLabels  # each key group's value in the grouping column (partitioning.py)
-    max_records_per_batch: int = 100_000
+    max_records_per_batch: int = DEFAULT_MAX_RECORDS_PER_BATCH
     max_log_entries: int = 64
     max_points: int = 512
     # Where senders start (a computation added to a running pipeline "from now"): log position or
