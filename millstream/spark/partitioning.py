@@ -11,7 +11,7 @@ So a key group travels under a *label*: the smallest non-negative integer whose 
 count P that divides `align`, and a batch spreads evenly (within one group) over the tasks. `align`
 is the number of key groups, times whatever the parallelism at the root's first start needs for it to
 divide `align` too (when that stays small): 32 key groups started on 6 cores align to 96, balanced
-over 1, 2, 3, 4, 6, 8, 16 and 32 partitions.
+over 1, 2, 3, 4, 6, 8, 12, 16, 24 and 32 partitions.
 
 Labels are chosen once, at a root's first start, and kept in its layout: Spark's state is stored under
 them, so they can never change afterwards (`millstream rescale` keeps them). Roots made before labels
