@@ -104,3 +104,27 @@ def test_a_take_over_racing_another_new_driver_refuses(tmp_path, monkeypatch):
     taking_over = SparkRunner(pipeline(100, 10.0), root=root, checkpoint_root=checkpoints, takeover=True)
     with pytest.raises(runner_module.RootInUse, match="at the same moment"):
         taking_over.claim()
+
+
+def test_a_file_the_running_driver_removes_during_the_copy_does_not_stop_the_take_over(tmp_path, monkeypatch):
+    root, checkpoints = str(tmp_path / "root"), str(tmp_path / "checkpoints")
+    running_first_driver(root, checkpoints, batches=2)
+    temporary = f"{checkpoints}/count/g0000/state/0/0/..4.changelog.TID14.tmp.crc"
+    Storage(f"{checkpoints}/count/g0000").write_json("state/0/0/..4.changelog.TID14.tmp.crc", {})
+    real_copy = runner_module.pafs.copy_files
+    calls: list[int] = []
+
+    def copy_as_spark_renames_its_temporary_file(source, *args, **kwargs):
+        calls.append(1)
+        if os.path.exists(temporary):  # listed, then gone before pyarrow opens it
+            os.remove(temporary)
+            raise FileNotFoundError(f"[Errno 2] Failed to open local file '{temporary}'")
+        return real_copy(source, *args, **kwargs)
+
+    monkeypatch.setattr(runner_module.pafs, "copy_files", copy_as_spark_renames_its_temporary_file)
+    taking_over = SparkRunner(pipeline(100, 10.0), root=root, checkpoint_root=checkpoints, takeover=True)
+    taking_over.claim()
+    claim = PublicationLog(root, "count").last_claim()
+    assert len(calls) == 2 and claim["epoch"] == 2  # type: ignore[index]
+    assert sorted(Storage(claim["checkpoint"]).list("commits")) == ["0", "1"]  # type: ignore[index]
+    taking_over.lease.release()

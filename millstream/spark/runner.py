@@ -50,6 +50,8 @@ __all__ = ["ComputationProgress", "MillstreamRunError", "PipelineProgress", "Roo
 LAYOUT_FORMAT = 3
 # A take-over's claim retries while the driver it takes over publishes its last batches (see _claim).
 TAKEOVER_ATTEMPTS = 20
+# Copies of a running driver's checkpoint tried before a take-over gives up (files vanish mid-copy).
+CHECKPOINT_COPY_ATTEMPTS = 10
 
 
 @dataclass
@@ -683,9 +685,18 @@ def _copy_checkpoint(location: str, last_published: int) -> str:
     number = int(generation[1:]) + 1 if generation.startswith("g") and generation[1:].isdigit() else 1
     target_location = f"{parent}/g{number:04d}"
     target = Storage(target_location)
-    target.delete("")
-    pafs.copy_files(source.full_path(), target.full_path(), source_filesystem=source.fs,
-                    destination_filesystem=target.fs)
+    for attempt in range(CHECKPOINT_COPY_ATTEMPTS):
+        target.delete("")
+        try:
+            pafs.copy_files(source.full_path(), target.full_path(), source_filesystem=source.fs,
+                            destination_filesystem=target.fs)
+            break
+        except FileNotFoundError:
+            # The running driver's Spark renamed or removed a file between the listing and its copy
+            # (a state store's temporary file): list and copy again.
+            if attempt == CHECKPOINT_COPY_ATTEMPTS - 1:
+                raise
+            time.sleep(0.2)
     for log_dir in ("offsets", "commits"):
         for name in target.list(log_dir):
             batch = name.lstrip(".").split(".")[0]
