@@ -25,6 +25,7 @@ Sinks are delivered after publication (sinks.py).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
 import time
@@ -72,6 +73,14 @@ class Checkpoint:
 
 def staged_path(computation: str, epoch: int, batch: int) -> str:
     return f"staged/{computation}/e{epoch:06d}/{batch:012d}.json"
+
+
+def offsets_digest(end: dict[str, Any] | None) -> str | None:
+    """What a staged manifest records of the offsets its attempt ran: a batch id Spark reuses for
+    other offsets (a state repartition's batch) must not take the output of an attempt of the old one."""
+    if end is None:
+        return None
+    return hashlib.sha256(json.dumps(end, sort_keys=True).encode()).hexdigest()[:32]
 
 
 def empty_status() -> dict[str, Any]:
@@ -165,9 +174,9 @@ class BatchStager:
         status = statuses[plan.name]
         for files in streams.values():
             files.sort()
-        manifest = {"type": BATCH, "batch": batch_id, "attempt": attempt, "output": output,
-                    "idle": [s.idle for s in segments], "keyed": keyed_output, "streams": streams, "sinks": sinks,
-                    "status": status, "fused": {m.name: statuses[m.name] for m in commit.fused}}
+        manifest = {"type": BATCH, "batch": batch_id, "attempt": attempt, "offsets": offsets_digest(end),
+                    "output": output, "idle": [s.idle for s in segments], "keyed": keyed_output, "streams": streams,
+                    "sinks": sinks, "status": status, "fused": {m.name: statuses[m.name] for m in commit.fused}}
         self.storage.write_json(staged_path(plan.name, commit.writer.epoch, batch_id), manifest)
         with commit.lock:
             commit.statuses[batch_id] = statuses
@@ -249,6 +258,9 @@ class Publisher:
         while commit.checkpoint.is_committed(commit.last_published + 1):
             batch = commit.last_published + 1
             manifest = self.staged_manifest(name, batch)
+            ran = offsets_digest(commit.checkpoint.end_offset(batch))  # None: Spark purged the offsets
+            if manifest is not None and None not in (ran, manifest.get("offsets")) and manifest["offsets"] != ran:
+                manifest = None  # staged by an attempt of other offsets under this batch id
             if manifest is None:
                 # A batch Spark made without running it (a state repartition): nothing to publish
                 # but the computation's unchanged status, so positions and batch ids stay in step.

@@ -39,16 +39,23 @@ def state_partitions(checkpoint: str) -> int | None:
     return len(partitions) or None
 
 
-def forget_uncommitted_batch(checkpoint: str) -> None:
+def forget_uncommitted_batch(root: str, computation: str, checkpoint: str) -> None:
     """A stop interrupts the batch in flight: Spark logged its offsets, never committed it. Spark's
     repartition refuses such a checkpoint. millstream never published that batch (it publishes
-    committed batches only), so its planned offsets can go: the next start plans it again."""
+    committed batches only), so its planned offsets can go: the next start plans it again. So can
+    what an attempt of it staged: the repartition commits a batch of its own under that id."""
     storage = Storage(checkpoint)
     committed = max((int(n) for n in storage.list("commits") if n.isdigit()), default=-1)
     for name in storage.list("offsets"):
         batch = name.lstrip(".").split(".")[0]
         if batch.isdigit() and int(batch) > committed:
             storage.delete(f"offsets/{name}")
+    staged = Storage(root)
+    for epoch in staged.list(f"staged/{computation}"):
+        for name in staged.list(f"staged/{computation}/{epoch}"):
+            batch = name.split(".")[0]
+            if batch.isdigit() and int(batch) > committed:
+                staged.delete(f"staged/{computation}/{epoch}/{name}")
 
 
 def rescale(spark: Any, root: str, parallelism: int, computations: Sequence[str] | None = None) -> dict[str, tuple[int | None, int]]:
@@ -81,7 +88,7 @@ def rescale(spark: Any, root: str, parallelism: int, computations: Sequence[str]
         if before is None:
             raise RescaleError(f"computation {name!r} has no state yet: start it once, or choose its parallelism "
                                "at the first start (SparkRunner(parallelism=...))")
-        forget_uncommitted_batch(checkpoint)
+        forget_uncommitted_batch(root, name, checkpoint)
         manager.repartition(checkpoint, parallelism)
         done[name] = (before, state_partitions(checkpoint) or parallelism)
     return done

@@ -7,7 +7,10 @@ import json
 import time
 
 from millstream import Computation, GeneratorInjector, ListState, MapState, Pipeline, Record
+from millstream.spark.commit import Checkpoint, staged_path
+from millstream.spark.publog import PublicationLog
 from millstream.spark.rescale import checkpoint_of, rescale, state_partitions
+from millstream.spark.storage import Storage
 from millstream.spark.runner import SparkRunner
 
 KEYS, EVENTS = 50, 6_000
@@ -72,6 +75,13 @@ def test_rescaling_halfway_gives_the_output_of_a_run_that_never_rescaled(spark, 
     assert first.progress().computations["windower"].low_watermark < 10 * EVENTS, "stopped too late"
     assert {n: state_partitions(checkpoint_of(root, n)) for n in ("windower", "arrivals")} == {
         "windower": 2, "arrivals": 2}
+    # The stop can interrupt a batch after its output was staged, before Spark committed it. The
+    # repartition then commits a batch of its own under that id: the interrupted attempt's output
+    # (here: the last batch's files again, so a mistake shows as duplicates) must not be published.
+    interrupted = Checkpoint(checkpoint_of(root, "windower")).last_committed() + 1
+    _, last = PublicationLog(root, "windower").last_batch()
+    Storage(root).write_json(staged_path("windower", 1, interrupted),
+                             {**last, "batch": interrupted, "offsets": "of the interrupted attempt"})
     assert rescale(spark, root, 4) == {"windower": (2, 4), "arrivals": (2, 4)}
     resumed = SparkRunner(pipeline(), root=root, spark=spark, key_groups=8)
     resumed.run(timeout=300)
