@@ -177,8 +177,7 @@ class SparkRunner:
         self._start_positions: dict[str, dict[str, Any]] = {}  # new computations starting from now
         self.epoch = 0
         self._started_ms = 0
-        self._group_labels: list[int] | None = None  # chosen at the first start (see _labels)
-        self.group_labels: GroupLabels | None = None  # set by start()
+        self.group_labels: GroupLabels | None = None  # a new root's are chosen at its first start
         self.key_groups = self._layout(key_groups)
         self._parallelism = parallelism
         self.plans: dict[str, ComputationPlan] = {
@@ -213,8 +212,9 @@ class SparkRunner:
                 raise PipelineError(f"{self.storage.describe()} cannot run this pipeline: {'; '.join(problems)}. "
                                     "Use another root directory or delete this one to start over")
             # A root from before labels existed keeps Spark's state under each key group's index.
-            self._group_labels = stored.get("group_labels", list(range(key_groups)))
-        wanted["group_labels"] = self._group_labels
+            stored_labels = stored.get("group_labels", list(range(key_groups)))
+            self.group_labels = GroupLabels(tuple(stored_labels)) if stored_labels is not None else None
+            wanted = self._layout_record(key_groups)
         self.storage.write_json(path, wanted)
         return key_groups
 
@@ -222,16 +222,14 @@ class SparkRunner:
         return {"format": LAYOUT_FORMAT, "pipeline": self.pipeline.name, "key_groups": key_groups,
                 "computations": sorted(self.pipeline.computations), "weak": sorted(self._fused_into),
                 "fused_into": {name: self._fused_into.get(name) for name in sorted(self.pipeline.computations)},
-                "group_labels": self._group_labels}
+                "group_labels": list(self.group_labels.labels) if self.group_labels is not None else None}
 
-    def _labels(self, parallelism: int) -> GroupLabels:
-        """The key groups' grouping values (partitioning.py), chosen at the root's first start for the
-        parallelism it starts with, and kept."""
-        if self._group_labels is None:
-            labels = GroupLabels.aligned(self.key_groups, alignment(self.key_groups, parallelism))
-            self._group_labels = list(labels.labels)
+    def _choose_labels(self, parallelism: int) -> None:
+        """A new root's key group labels (partitioning.py), chosen at its first start for the
+        parallelism it starts with, and kept in its layout."""
+        if self.group_labels is None:
+            self.group_labels = GroupLabels.aligned(self.key_groups, alignment(self.key_groups, parallelism))
             self.storage.write_json("pipeline.json", self._layout_record(self.key_groups))
-        return GroupLabels(tuple(self._group_labels))
 
     # -- lifecycle -----------------------------------------------------------------------------
     @property
@@ -264,7 +262,7 @@ class SparkRunner:
         self.publisher.start()
         self._ensure_listener()
         parallelism = self._parallelism or int(spark.sparkContext.defaultParallelism)
-        self.group_labels = self._labels(parallelism)
+        self._choose_labels(parallelism)
         spark.conf.set("spark.sql.shuffle.partitions", str(max(1, min(parallelism, self.key_groups))))
         self.feeds.start(self.pipeline.name)
         for name in self.commits:

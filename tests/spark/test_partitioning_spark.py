@@ -10,9 +10,10 @@ from collections import Counter
 
 import pandas as pd
 
-from millstream import Computation, GeneratorInjector, MapState, Pipeline, Record
+from millstream import GeneratorInjector, Pipeline, Record
 from millstream.spark.partitioning import GroupLabels, alignment
 from millstream.spark.runner import SparkRunner
+from millstream.windows import Count, TumblingWindows, WindowAggregate
 
 KEYS, EVENTS, KEY_GROUPS = 40, 3_000, 8
 
@@ -45,25 +46,16 @@ def test_spark_gives_every_task_an_even_share_of_the_key_groups(spark):
     assert _tasks_of(spark, GroupLabels.aligned(32, alignment(32, 6)).labels, 6) == [5, 5, 5, 5, 6, 6]
 
 
-class Windower(Computation):
-    counts = MapState[int, int]("counts")
-
-    def process_record(self, ctx, record):
-        bucket = record.timestamp - record.timestamp % 500
-        ctx.state(self.counts).put(bucket, ctx.state(self.counts).get(bucket, 0) + 1)
-        ctx.set_timer(f"w{bucket}", bucket + 500)
-
-    def process_timer(self, ctx, timer):
-        bucket = timer.time - 500
-        ctx.produce(Record(ctx.key, [bucket, ctx.state(self.counts).get(bucket)], timer.time), "windows")
-        ctx.state(self.counts).remove(bucket)
+def bucket_and_count(window, count):
+    return [window.start, count]
 
 
 def pipeline():
     injector = GeneratorInjector(lambda i: Record(f"k{(i * 7) % KEYS}", i, 10 * i + (i * 13) % 40), EVENTS,
                                  lambda n: 10 * n, records_per_second=200, max_records_per_read=300)
+    windower = WindowAggregate(TumblingWindows(500), Count(), "windows", output_value=bucket_and_count)
     return Pipeline("labelled").add_injector("src", injector, "in").add_computation(
-        "windower", Windower(), ["in"], ["windows"])
+        "windower", windower, ["in"], ["windows"])
 
 
 def expected_windows():
