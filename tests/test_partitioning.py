@@ -12,6 +12,7 @@ import pytest
 from millstream import Computation, Pipeline, Record, ScriptedInjector
 from millstream.spark.partitioning import GroupLabels, alignment, spark_hash_int, spark_partition
 from millstream.spark.runner import SparkRunner
+from millstream.spark.storage import Storage
 
 # Spark 4.3's `hash(cast(v as int))`, read from a local session: the ground truth for the hash.
 SPARK_HASHES = {0: 933211791, 1: -559580957, 2: 1765031574, 5: 1023896466, -7: -1618159745, 31: 972445202,
@@ -91,5 +92,49 @@ def test_a_new_root_chooses_its_labels_at_first_start_and_an_old_root_keeps_key_
     layout = json.loads((old / "pipeline.json").read_text())
     del layout["group_labels"]  # as a root written before labels existed
     (old / "pipeline.json").write_text(json.dumps(layout))
-    SparkRunner(pipeline(), root=str(old), key_groups=8)
-    assert json.loads((old / "pipeline.json").read_text())["group_labels"] == list(range(8))
+    runner = SparkRunner(pipeline(), root=str(old), key_groups=8)
+    assert runner.group_labels == GroupLabels.identity(8)
+    runner.claim()
+    try:
+        assert json.loads((old / "pipeline.json").read_text())["group_labels"] == list(range(8))
+    finally:
+        runner.lease.release()
+
+
+def labels_chosen_by_another_driver(root) -> list[int]:
+    """What a driver's first start writes: the layout with the labels it chose."""
+    layout = json.loads((root / "pipeline.json").read_text())
+    layout["group_labels"] = list(GroupLabels.aligned(8, alignment(8, 3)).labels)  # chosen for 3 cores
+    (root / "pipeline.json").write_text(json.dumps(layout))
+    return layout["group_labels"]
+
+
+def test_constructing_a_runner_never_writes_back_a_layout_it_read_before_another_driver_chose_labels(
+        tmp_path, monkeypatch):
+    root = tmp_path / "root"
+    SparkRunner(pipeline(), root=str(root), key_groups=8)
+    chosen: list[list[int]] = []
+    read_json = Storage.read_json
+
+    def read_then_the_first_driver_chooses(self, path):
+        layout = read_json(self, path)
+        if path == "pipeline.json" and not chosen:
+            chosen.append(labels_chosen_by_another_driver(root))  # lands just after this read
+        return layout
+
+    monkeypatch.setattr(Storage, "read_json", read_then_the_first_driver_chooses)
+    SparkRunner(pipeline(), root=str(root), key_groups=8)  # a second driver, refused later or not
+    assert chosen and json.loads((root / "pipeline.json").read_text())["group_labels"] == chosen[0]
+
+
+def test_a_runner_constructed_before_the_first_start_takes_the_labels_that_start_chose(tmp_path):
+    root = tmp_path / "root"
+    later = SparkRunner(pipeline(), root=str(root), key_groups=8)
+    first_start = labels_chosen_by_another_driver(root)  # another runner starts, runs and stops
+    later.claim()
+    try:
+        # Its start chooses labels only for a root that has none: these stay.
+        assert later.group_labels is not None and list(later.group_labels.labels) == first_start
+        assert json.loads((root / "pipeline.json").read_text())["group_labels"] == first_start
+    finally:
+        later.lease.release()

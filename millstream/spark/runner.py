@@ -195,28 +195,36 @@ class SparkRunner:
 
     def _layout(self, key_groups: int) -> int:
         """State is partitioned by key group, and a fused (weak) pair shares one checkpoint: a resumed
-        run must keep those. Computations may come and go (pipelines change while they run)."""
-        path = "pipeline.json"
-        wanted = self._layout_record(key_groups)
-        stored = self.storage.read_json(path)
-        if stored is not None:
-            problems = []
-            if stored.get("format") != LAYOUT_FORMAT or stored.get("pipeline") != self.pipeline.name:
-                problems.append(f"it holds {stored.get('pipeline')!r} in layout format {stored.get('format')}")
-            elif stored["key_groups"] != key_groups:
-                problems.append(f"it has {stored['key_groups']} key groups, this run asks for {key_groups}")
-            for name, fused_into in wanted["fused_into"].items():
+        run must keep those. Computations may come and go (pipelines change while they run).
+        Construction only checks the layout (and creates it in a new root): it is rewritten by the
+        driver that holds the root (`claim`), never by one that may yet be refused."""
+        stored = self._check_layout(key_groups)
+        if stored is None:
+            self.storage.create_json("pipeline.json", self._layout_record(key_groups))
+        return key_groups
+
+    def _check_layout(self, key_groups: int) -> dict[str, Any] | None:
+        """The stored layout, refused if this pipeline cannot run on it; its labels become this
+        runner's (a root from before labels existed keeps Spark's state under each key group's index)."""
+        stored: dict[str, Any] | None = self.storage.read_json("pipeline.json")
+        if stored is None:
+            return None
+        problems = []
+        if stored.get("format") != LAYOUT_FORMAT or stored.get("pipeline") != self.pipeline.name:
+            problems.append(f"it holds {stored.get('pipeline')!r} in layout format {stored.get('format')}")
+        elif stored["key_groups"] != key_groups:
+            problems.append(f"it has {stored['key_groups']} key groups, this run asks for {key_groups}")
+        else:
+            for name in self.pipeline.computations:
+                fused_into = self._fused_into.get(name)
                 if stored["fused_into"].get(name, fused_into) != fused_into:
                     problems.append(f"computation {name!r} changed between weak and strong productions")
-            if problems:
-                raise PipelineError(f"{self.storage.describe()} cannot run this pipeline: {'; '.join(problems)}. "
-                                    "Use another root directory or delete this one to start over")
-            # A root from before labels existed keeps Spark's state under each key group's index.
-            stored_labels = stored.get("group_labels", list(range(key_groups)))
-            self.group_labels = GroupLabels(tuple(stored_labels)) if stored_labels is not None else None
-            wanted = self._layout_record(key_groups)
-        self.storage.write_json(path, wanted)
-        return key_groups
+        if problems:
+            raise PipelineError(f"{self.storage.describe()} cannot run this pipeline: {'; '.join(problems)}. "
+                                "Use another root directory or delete this one to start over")
+        stored_labels = stored.get("group_labels", list(range(key_groups)))
+        self.group_labels = GroupLabels(tuple(stored_labels)) if stored_labels is not None else None
+        return stored
 
     def _layout_record(self, key_groups: int) -> dict[str, Any]:
         return {"format": LAYOUT_FORMAT, "pipeline": self.pipeline.name, "key_groups": key_groups,
@@ -326,7 +334,7 @@ class SparkRunner:
 
     def claim(self) -> None:
         """Take charge of the root: refuse if another live driver holds it (unless taking over), then
-        claim a new epoch in every computation's publication log."""
+        claim a new epoch in every computation's publication log and write the root's layout."""
         holder = self.lease.holder()
         live = holder is not None and holder.heartbeat_ms > 0 and holder.is_alive()
         if live and not self.takeover:
@@ -340,16 +348,20 @@ class SparkRunner:
             for name in strong:
                 self._claim_computation(name)
             self.lease.hold(self.epoch)
-            return
-        # Taking over from a driver that runs: the lease tells it first (it starts no more batches),
-        # so its publications stop and the claims below stop racing them.
-        self.lease.hold(self.epoch)
-        try:
-            for name in strong:
-                self._claim_computation(name, copy_checkpoint=True)
-        except BaseException:
-            self.lease.release()
-            raise
+        else:
+            # Taking over from a driver that runs: the lease tells it first (it starts no more
+            # batches), so its publications stop and the claims below stop racing them.
+            self.lease.hold(self.epoch)
+            try:
+                for name in strong:
+                    self._claim_computation(name, copy_checkpoint=True)
+            except BaseException:
+                self.lease.release()
+                raise
+        # Only the driver holding the root rewrites its layout, and it reads it again first: labels a
+        # driver chose after this runner was constructed are kept, never overwritten.
+        self._check_layout(self.key_groups)
+        self.storage.write_json("pipeline.json", self._layout_record(self.key_groups))
 
     def _claim_computation(self, name: str, copy_checkpoint: bool = False) -> None:
         """Claim this driver's epoch in one computation's log and set up its commit protocol. Taking
