@@ -25,7 +25,6 @@ step again without it, so the failed invocation leaves no trace.
 from __future__ import annotations
 
 import bisect
-import gc
 from itertools import repeat
 from dataclasses import dataclass, field, fields
 from typing import Any, Iterable, NamedTuple, Sequence
@@ -33,6 +32,7 @@ from typing import Any, Iterable, NamedTuple, Sequence
 import xxhash
 
 from millstream.core.deadletters import dead_letter, describe_error, user_traceback
+from millstream.core.garbage import bulk_work
 from millstream.core.production import Produced, order_base
 from millstream.core.keystate import KeyState, decoded_value
 from millstream.core.plan import ComputationPlan, InputPlan, KeyExtractionError
@@ -51,11 +51,6 @@ MAX_TIMER_FIRINGS_PER_STEP = 100_000
 _WALL, _LOW_WATERMARK = TimeDomain.WALL_TIME, TimeDomain.LOW_WATERMARK
 _new_tuple = tuple.__new__  # a NamedTuple without its Python-level __new__
 _hex128 = xxhash.xxh3_128_hexdigest
-# A step allocates many short-lived objects while the key group's live data (dedup ids, key state) can
-# be millions of objects: the collector's default thresholds would traverse all of it in full
-# collections many times per step. During a step young objects are collected less often and full
-# collections wait (young cycles are still found); the process's own thresholds come back after it.
-_STEP_GC_THRESHOLD = (100_000, 1_000, 1_000)
 
 
 class ComputationError(RuntimeError):
@@ -535,12 +530,8 @@ class KeyGroupExecutor:
         input): published with the step's productions."""
         if not segments:
             raise ValueError("a step has at least one input point (a heartbeat: Segment(wm, wm))")
-        before = gc.get_threshold()
-        gc.set_threshold(*(max(a, b) for a, b in zip(before, _STEP_GC_THRESHOLD)))
-        try:
+        with bulk_work():  # a step's many short-lived objects beside the key group's live data (garbage.py)
             return self._step(deliveries, segments, wall_time, passthrough)
-        finally:
-            gc.set_threshold(*before)
 
     def _step(self, deliveries: Iterable[Delivery], segments: Sequence[Segment], wall_time: int,
               passthrough: Sequence[Produced]) -> StepResult:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import NamedTuple
 
 import xxhash
@@ -23,6 +24,10 @@ class Produced(NamedTuple):
     id: str
     segment: int
     order: int
+
+
+# A producer's output in the order its consumers take it: (segment, order).
+output_order = attrgetter("segment", "order")
 
 
 def order_base(key: str) -> int:

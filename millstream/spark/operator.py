@@ -26,6 +26,7 @@ import dataclasses
 from typing import Any, Iterator
 
 from millstream.core.executor import ComputationFailed, KeyGroupExecutor, StepResult, key_or_dead_letter
+from millstream.core.garbage import bulk_work
 from millstream.core.plan import ComputationPlan, key_group
 from millstream.core.production import Produced
 from millstream.model.computation import ComputationInfo
@@ -108,6 +109,10 @@ class _GroupStep:
         self.codecs = {i.stream: i.codec for i in plan.inputs}
 
     def run(self, group: int, rows: Iterator[Any]) -> tuple[StepResult, int, BatchPlan, list[Any]]:
+        with bulk_work():  # the group's deliveries are unpacked and stepped at once (core/garbage.py)
+            return self._run(group, rows)
+
+    def _run(self, group: int, rows: Iterator[Any]) -> tuple[StepResult, int, BatchPlan, list[Any]]:
         items: list[Any] = []
         rejected: list[Any] = []
         upstream: list[Any] = []

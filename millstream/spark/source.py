@@ -30,6 +30,7 @@ import pyarrow.parquet as pq
 
 from millstream.core.deadletters import dead_letter
 from millstream.core.executor import ComputationFailed, key_or_dead_letter
+from millstream.core.garbage import bulk_work
 from millstream.core.plan import ComputationPlan, InputPlan, SenderPlan, key_group
 from millstream.core.production import Produced
 from millstream.core.watermarks import Segment, WatermarkCoalescer, published_keyed, too_far_ahead
@@ -297,7 +298,8 @@ class InputsReader(DataSourceStreamReader):
             feed = self._injector_items(sender, input_plan, partition)
         else:
             feed = self._log_items(sender, input_plan, partition)
-        yield from _bundled(plan, self.plan.labels, feed, partition.plan)
+        with bulk_work():  # the partition's deliveries pile up in bundles (core/garbage.py)
+            yield from _bundled(plan, self.plan.labels, feed, partition.plan)
 
     def _injector_items(self, sender: Sender, input_plan: InputPlan,
                         partition: _Partition) -> Iterator[DeliveryItem | Produced]:

@@ -15,10 +15,13 @@ import json
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
 
+from operator import attrgetter
+
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from millstream.core.production import Produced
+from millstream.core.garbage import bulk_work
+from millstream.core.production import Produced, output_order
 from millstream.model.codecs import Codec
 from millstream.spark.bundles import unpack, unpack_productions
 from millstream.spark.operator import METRICS
@@ -31,6 +34,7 @@ WRITER_SCHEMA = (
     "reports array<struct<computation:string,key_group:int,records:long,duplicates:long,late:long,"
     "timers_fired:long,productions:long,dead_letters:long,state_bytes:long,pending_timers:long,wake_wall:long,bytes_written:long>>"
 )
+_STREAM = attrgetter("stream")
 _ARROW_SCHEMA = pa.schema([
     ("files", pa.list_(pa.struct([("stream", pa.string()), ("path", pa.string()), ("rows", pa.int64())]))),
     ("sink_files", pa.list_(pa.struct([("sink", pa.string()), ("path", pa.string()), ("rows", pa.int64())]))),
@@ -65,22 +69,27 @@ class BatchWriter:
         self.root, self.computation, self.batch, self.attempt, self.sinks = root, computation, batch, attempt, sinks
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        with bulk_work():  # the whole batch's productions at once (core/garbage.py)
+            written = self._write(batches)
+        yield written
+
+    def _write(self, batches: Iterator[pa.RecordBatch]) -> pa.RecordBatch:
         from pyspark import TaskContext
 
         context = TaskContext.get()
         task = f"{context.partitionId():05d}-{context.taskAttemptId()}" if context else "00000-0"
-        by_stream: dict[str, list[Produced]] = {}
+        produced: list[Produced] = []
         reports: list[dict[str, Any]] = []
         for record_batch in batches:
             for row in record_batch.to_pylist():
-                for item in unpack_productions(row["productions"]):
-                    by_stream.setdefault(item.stream, []).append(item)
+                produced.extend(unpack_productions(row["productions"]))
                 reports.append(_report(row))
                 reports.extend(unpack(row["upstream_reports"]))  # fused weak computations' counters
+        by_stream = by_output_stream(produced)
         storage = Storage(self.root)
         files = []
         for stream, items in sorted(by_stream.items()):
-            items.sort(key=_output_order)
+            items.sort(key=output_order)
             path = f"{staging_dir(self.computation, self.batch, self.attempt)}/{stream}-{task}.parquet"
             storage.write_parquet(path, log_table(items))
             files.append({"stream": stream, "path": storage.full_path(path), "rows": len(items)})
@@ -92,12 +101,28 @@ class BatchWriter:
             path = f"{sink_staging_dir(sink.name, self.computation, self.batch, self.attempt)}/part-{task}.{sink.format}"
             storage.write(path, sink_file(sink_items, sink.format, sink.codec))
             sink_files.append({"sink": sink.name, "path": path, "rows": len(sink_items)})
-        yield pa.RecordBatch.from_pylist([{"files": files, "sink_files": sink_files, "reports": reports}],
-                                         schema=_ARROW_SCHEMA)
+        return pa.RecordBatch.from_pylist([{"files": files, "sink_files": sink_files, "reports": reports}],
+                                          schema=_ARROW_SCHEMA)
 
 
-def _output_order(item: Produced) -> tuple[int, int]:
-    return item.segment, item.order
+def by_output_stream(produced: list[Produced]) -> dict[str, list[Produced]]:
+    """Productions per stream (most computations have one output stream: then the list itself).
+
+    >>> from operator import attrgetter
+
+from millstream.core.garbage import bulk_work
+from millstream.core.production import Produced, output_order
+    >>> a, b = Produced("s", "k", b"", 0, "1", 0, 0), Produced("t", "k", b"", 0, "2", 0, 1)
+    >>> by_output_stream([a, b]) == {"s": [a], "t": [b]}, by_output_stream([a])["s"] == [a]
+    (True, True)
+    """
+    streams = set(map(_STREAM, produced))
+    if len(streams) <= 1:
+        return {stream: produced for stream in streams}
+    by_stream: dict[str, list[Produced]] = {stream: [] for stream in streams}
+    for item in produced:
+        by_stream[item.stream].append(item)
+    return by_stream
 
 
 def _report(row: Mapping[str, Any]) -> dict[str, Any]:
@@ -109,14 +134,17 @@ def _report(row: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def log_table(items: list[Produced]) -> pa.Table:
+    # Columns by transposing the tuples in C, named by Produced's own fields.
+    columns = dict(zip(Produced._fields, zip(*items))) if items else dict.fromkeys(Produced._fields, ())
+    orders = columns["order"]
     return pa.table({
-        "key": [p.key for p in items],
-        "value": [p.value for p in items],
-        "timestamp": [p.timestamp for p in items],
-        "id": [p.id for p in items],
-        "segment": [p.segment for p in items],
-        "order_key": [p.order >> 32 for p in items],
-        "order_seq": [p.order & 0xFFFFFFFF for p in items],
+        "key": columns["key"],
+        "value": columns["value"],
+        "timestamp": columns["timestamp"],
+        "id": columns["id"],
+        "segment": columns["segment"],
+        "order_key": [order >> 32 for order in orders],
+        "order_seq": [order & 0xFFFFFFFF for order in orders],
     }, schema=LOG_SCHEMA)
 
 

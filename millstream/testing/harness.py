@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, cast
 
 from millstream.core.deadletters import dead_letter
-from millstream.core.production import Produced
+from millstream.core.production import Produced, output_order
 from millstream.core.executor import Delivery, KeyGroupExecutor, StepMetrics, inspect_key, key_or_dead_letter
 from millstream.core.plan import ComputationPlan, key_group, plan_computation
 from millstream.core.store import MemoryKeyStore
@@ -310,7 +310,7 @@ class PipelineHarness:
         published_keyed = output_keyed_watermarks(run.output_keyed, segments)
         run.output_watermark, run.output_keyed = published[-1], published_keyed[-1]
         run.watermark_history.append(run.output_watermark)
-        produced.sort(key=_output_order)
+        produced.sort(key=output_order)
         for j, watermark in enumerate(published):
             self._publish(plan.name, [p for p in produced if p.segment == j], watermark, segments[j].idle,
                           published_keyed[j])
@@ -395,10 +395,6 @@ class PipelineHarness:
         if name not in self.pipeline.injectors:
             raise PipelineError(f"unknown injector {name!r}; known: {sorted(self.pipeline.injectors)}")
         return self.pipeline.injectors[name]
-
-
-def _output_order(item: Produced) -> tuple[int, int]:
-    return item.segment, item.order
 
 
 def _info(plan: ComputationPlan) -> Any:

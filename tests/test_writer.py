@@ -1,0 +1,61 @@
+"""The executors' batch writer (millstream/spark/writer.py) without Spark: what a task's stream-log
+files hold for the operator rows it is given."""
+
+import gc
+import random
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from millstream.core.garbage import BULK_THRESHOLD
+from millstream.core.production import Produced, order_base
+from millstream.spark.bundles import pack_productions
+from millstream.spark.operator import METRICS
+from millstream.spark.storage import Storage
+from millstream.spark.writer import BatchWriter
+
+
+def operator_rows(productions: list[Produced], groups: int, per_bundle: int) -> pa.RecordBatch:
+    """The operator's output for these productions: each group's share in bundles, counters on rows."""
+    rows = []
+    for group in range(groups):
+        share = productions[group::groups]
+        for start in range(0, len(share), per_bundle):
+            counters = {("productions_count" if m == "productions" else m): 1 for m in METRICS}
+            rows.append({"key_group": group, "productions": pack_productions(share[start:start + per_bundle]),
+                         "computation": "win", **counters, "wake_wall": None, "bytes_written": 0,
+                         "upstream_reports": None})
+    return pa.RecordBatch.from_pylist(rows)
+
+
+def test_each_stream_gets_one_file_in_segment_then_order_order_and_collections_wait(tmp_path, monkeypatch):
+    rng = random.Random(7)
+    productions = []
+    for i in range(3_000):
+        key = f"k{rng.randrange(200)}"
+        productions.append(Produced(rng.choice(["windows", "alerts"]), key, f"v{i}".encode(), rng.randrange(10**6),
+                                    f"id{i}", rng.randrange(3), order_base(key) + i))  # (segment, order) unique
+    rng.shuffle(productions)
+    thresholds = []
+    write_parquet = Storage.write_parquet
+
+    def noting_the_collector(self, path, table):
+        thresholds.append(gc.get_threshold())
+        write_parquet(self, path, table)
+
+    monkeypatch.setattr(Storage, "write_parquet", noting_the_collector)
+    before = gc.get_threshold()
+    out = list(BatchWriter(str(tmp_path), "win", 7, "attempt", ())(iter([operator_rows(productions, 5, 100)])))
+
+    assert gc.get_threshold() == before
+    assert thresholds and all(t[0] >= BULK_THRESHOLD[0] for t in thresholds)
+    [summary] = out[0].to_pylist()
+    assert sorted(f["stream"] for f in summary["files"]) == ["alerts", "windows"]
+    assert len(summary["reports"]) == len(operator_rows(productions, 5, 100))
+    for written in summary["files"]:
+        table = pq.read_table(written["path"]).to_pylist()
+        expected = sorted((p for p in productions if p.stream == written["stream"]),
+                          key=lambda p: (p.segment, p.order))
+        assert written["rows"] == len(expected) == len(table)
+        assert [(r["key"], r["value"], r["timestamp"], r["id"], r["segment"], r["order_key"] << 32 | r["order_seq"])
+                for r in table] == [(p.key, p.value, p.timestamp, p.id, p.segment, p.order) for p in expected]
