@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 
-from millstream import Computation, Pipeline, Record, ScriptedInjector
+from millstream import Computation, Pipeline, PipelineError, Record, ScriptedInjector
 from millstream.spark.partitioning import GroupLabels, alignment, spark_hash_int, spark_partition
 from millstream.spark.runner import SparkRunner
 from millstream.spark.storage import Storage
@@ -138,3 +138,17 @@ def test_a_runner_constructed_before_the_first_start_takes_the_labels_that_start
         assert json.loads((root / "pipeline.json").read_text())["group_labels"] == first_start
     finally:
         later.lease.release()
+
+
+def test_a_layout_changed_before_the_claim_is_refused_and_the_root_left_free(tmp_path):
+    root = tmp_path / "root"
+    runner = SparkRunner(pipeline(), root=str(root), key_groups=8)
+    layout = json.loads((root / "pipeline.json").read_text())
+    layout["key_groups"] = 16  # another pipeline run took the root meanwhile
+    (root / "pipeline.json").write_text(json.dumps(layout))
+    with pytest.raises(PipelineError, match="16 key groups"):
+        runner.claim()
+    assert json.loads((root / "pipeline.json").read_text())["key_groups"] == 16  # not overwritten
+    taker = SparkRunner(pipeline(), root=str(root), key_groups=16)
+    taker.claim()  # the refused driver left the root free, with no wait for its lease to go stale
+    taker.lease.release()

@@ -360,7 +360,11 @@ class SparkRunner:
                 raise
         # Only the driver holding the root rewrites its layout, and it reads it again first: labels a
         # driver chose after this runner was constructed are kept, never overwritten.
-        self._check_layout(self.key_groups)
+        try:
+            self._check_layout(self.key_groups)
+        except BaseException:
+            self.lease.release()
+            raise
         self.storage.write_json("pipeline.json", self._layout_record(self.key_groups))
 
     def _claim_computation(self, name: str, copy_checkpoint: bool = False) -> None:
