@@ -75,6 +75,20 @@ def staged_path(computation: str, epoch: int, batch: int) -> str:
     return f"staged/{computation}/e{epoch:06d}/{batch:012d}.json"
 
 
+def staged_paths(storage: Storage, computation: str, batch: int) -> list[str]:
+    """Where any driver may have staged `batch`'s manifest, the newest epoch first."""
+    return [f"staged/{computation}/{epoch_dir}/{batch:012d}.json"
+            for epoch_dir in sorted(storage.list(f"staged/{computation}"), reverse=True)]
+
+
+def staged_after(storage: Storage, computation: str, batch: int) -> list[str]:
+    """The manifests any driver staged for batches after `batch`."""
+    return [f"staged/{computation}/{epoch_dir}/{name}"
+            for epoch_dir in storage.list(f"staged/{computation}")
+            for name in storage.list(f"staged/{computation}/{epoch_dir}")
+            if name.split(".")[0].isdigit() and int(name.split(".")[0]) > batch]
+
+
 def offsets_digest(end: dict[str, Any] | None) -> str | None:
     """What a staged manifest records of the offsets its attempt ran: a batch id Spark reuses for
     other offsets (a state repartition's batch) must not take the output of an attempt of the old one."""
@@ -278,8 +292,8 @@ class Publisher:
         mine = self.storage.read_json(staged_path(name, commit.writer.epoch, batch))
         if mine is not None:
             return mine  # type: ignore[no-any-return]
-        for epoch_dir in sorted(self.storage.list(f"staged/{name}"), reverse=True):
-            found = self.storage.read_json(f"staged/{name}/{epoch_dir}/{batch:012d}.json")
+        for path in staged_paths(self.storage, name, batch):
+            found = self.storage.read_json(path)
             if found is not None:
                 return found  # type: ignore[no-any-return]
         return None

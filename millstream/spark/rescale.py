@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from millstream.spark.commit import staged_after
 from millstream.spark.fencing import Lease, RootInUse
 from millstream.spark.publog import PublicationLog
 from millstream.spark.storage import Storage
@@ -51,11 +52,8 @@ def forget_uncommitted_batch(root: str, computation: str, checkpoint: str) -> No
         if batch.isdigit() and int(batch) > committed:
             storage.delete(f"offsets/{name}")
     staged = Storage(root)
-    for epoch in staged.list(f"staged/{computation}"):
-        for name in staged.list(f"staged/{computation}/{epoch}"):
-            batch = name.split(".")[0]
-            if batch.isdigit() and int(batch) > committed:
-                staged.delete(f"staged/{computation}/{epoch}/{name}")
+    for path in staged_after(staged, computation, committed):
+        staged.delete(path)
 
 
 def rescale(spark: Any, root: str, parallelism: int, computations: Sequence[str] | None = None) -> dict[str, tuple[int | None, int]]:

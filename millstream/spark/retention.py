@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 
 from millstream.core.plan import ComputationPlan
 from millstream.injectors.dataframe import DataFrameInjector
+from millstream.spark.commit import staged_paths
 from millstream.spark.publog import BATCH, CLAIM
 from millstream.spark.storage import Storage
 
@@ -137,8 +138,8 @@ class LogRetention:
         last_batch = max((b for _, b in doomed), default=-1)
         for entry_position, batch in doomed:
             self.storage.delete(f"streams/{name}/{batch:012d}")
-            for epoch_dir in self.storage.list(f"staged/{name}"):
-                self.storage.delete(f"staged/{name}/{epoch_dir}/{batch:012d}.json")
+            for path in staged_paths(self.storage, name, batch):
+                self.storage.delete(path)
             for member in members:
                 self.storage.delete(f"status/{member}/history/{batch:012d}.json")
             log.delete(entry_position)

@@ -48,6 +48,7 @@ __all__ = ["ComputationProgress", "MillstreamRunError", "PipelineProgress", "Roo
 
 # Version of the state and log layout under a root; a root written by another version is refused.
 LAYOUT_FORMAT = 3
+LAYOUT_FILE = "pipeline.json"
 # A take-over's claim retries while the driver it takes over publishes its last batches (see _claim).
 TAKEOVER_ATTEMPTS = 20
 # Copies of a running driver's checkpoint tried before a take-over gives up (files vanish mid-copy).
@@ -178,7 +179,8 @@ class SparkRunner:
         self.epoch = 0
         self._started_ms = 0
         self.group_labels: GroupLabels | None = None  # a new root's are chosen at its first start
-        self.key_groups = self._layout(key_groups)
+        self.key_groups = key_groups
+        self._create_or_check_layout()
         self._parallelism = parallelism
         self.plans: dict[str, ComputationPlan] = {
             name: plan_computation(pipeline, name, self.key_groups) for name in pipeline.topological_order()
@@ -193,20 +195,19 @@ class SparkRunner:
         # DataFrame injectors stage their input under the root first (before plans are pickled).
         self.feeds = Feeds(pipeline, self.storage, self.checkpoint_root, trigger_ms)
 
-    def _layout(self, key_groups: int) -> int:
+    def _create_or_check_layout(self) -> None:
         """State is partitioned by key group, and a fused (weak) pair shares one checkpoint: a resumed
         run must keep those. Computations may come and go (pipelines change while they run).
         Construction only checks the layout (and creates it in a new root): it is rewritten by the
         driver that holds the root (`claim`), never by one that may yet be refused."""
-        stored = self._check_layout(key_groups)
-        if stored is None:
-            self.storage.create_json("pipeline.json", self._layout_record(key_groups))
-        return key_groups
+        if self._check_layout() is None:
+            self.storage.create_json(LAYOUT_FILE, self._layout_record())
 
-    def _check_layout(self, key_groups: int) -> dict[str, Any] | None:
+    def _check_layout(self) -> dict[str, Any] | None:
         """The stored layout, refused if this pipeline cannot run on it; its labels become this
         runner's (a root from before labels existed keeps Spark's state under each key group's index)."""
-        stored: dict[str, Any] | None = self.storage.read_json("pipeline.json")
+        key_groups = self.key_groups
+        stored: dict[str, Any] | None = self.storage.read_json(LAYOUT_FILE)
         if stored is None:
             return None
         problems = []
@@ -226,8 +227,11 @@ class SparkRunner:
         self.group_labels = GroupLabels(tuple(stored_labels)) if stored_labels is not None else None
         return stored
 
-    def _layout_record(self, key_groups: int) -> dict[str, Any]:
-        return {"format": LAYOUT_FORMAT, "pipeline": self.pipeline.name, "key_groups": key_groups,
+    def _write_layout(self) -> None:
+        self.storage.write_json(LAYOUT_FILE, self._layout_record())
+
+    def _layout_record(self) -> dict[str, Any]:
+        return {"format": LAYOUT_FORMAT, "pipeline": self.pipeline.name, "key_groups": self.key_groups,
                 "computations": sorted(self.pipeline.computations), "weak": sorted(self._fused_into),
                 "fused_into": {name: self._fused_into.get(name) for name in sorted(self.pipeline.computations)},
                 "group_labels": list(self.group_labels.labels) if self.group_labels is not None else None}
@@ -237,7 +241,7 @@ class SparkRunner:
         parallelism it starts with, and kept in its layout."""
         if self.group_labels is None:
             self.group_labels = GroupLabels.aligned(self.key_groups, alignment(self.key_groups, parallelism))
-            self.storage.write_json("pipeline.json", self._layout_record(self.key_groups))
+            self._write_layout()
 
     # -- lifecycle -----------------------------------------------------------------------------
     @property
@@ -361,11 +365,11 @@ class SparkRunner:
         # Only the driver holding the root rewrites its layout, and it reads it again first: labels a
         # driver chose after this runner was constructed are kept, never overwritten.
         try:
-            self._check_layout(self.key_groups)
+            self._check_layout()
         except BaseException:
             self.lease.release()
             raise
-        self.storage.write_json("pipeline.json", self._layout_record(self.key_groups))
+        self._write_layout()
 
     def _claim_computation(self, name: str, copy_checkpoint: bool = False) -> None:
         """Claim this driver's epoch in one computation's log and set up its commit protocol. Taking
@@ -423,7 +427,7 @@ class SparkRunner:
         self.plans[name] = plan_computation(changed, name, self.key_groups)
         self._claim_computation(name)
         self._start_positions[name] = self._positions_now(self.plans[name]) if start == "latest" else {}
-        self.storage.write_json("pipeline.json", self._layout_record(self.key_groups))
+        self._write_layout()
         self._queries[name] = self._start_query(name)
 
     def remove_computation(self, name: str) -> None:
@@ -448,7 +452,7 @@ class SparkRunner:
         changed = _copy_pipeline(self.pipeline)
         del changed.computations[name]
         self.pipeline = changed
-        self.storage.write_json("pipeline.json", self._layout_record(self.key_groups))
+        self._write_layout()
 
     def _positions_now(self, plan: ComputationPlan) -> dict[str, Any]:
         """Where each sender of a new computation starts when it starts from now."""
