@@ -252,6 +252,37 @@ def test_map_handle_operations():
     assert h.state("c", "k") == {"m_json": {"a": 3}}
 
 
+def test_a_map_key_the_codec_refuses_reads_as_absent_and_fails_only_when_stored():
+    """A key JSON cannot encode can never be stored, so reading it answers "absent" whether or not the
+    map holds anything; storing it is the error, and naming the state."""
+    def peek(ctx, c):
+        m = ctx.state(c.m_json)
+        return m.get((1, 2)), m.get((1, 2), "dflt"), m.contains((1, 2))
+
+    def keep(ctx, c):
+        ctx.state(c.m_json).put("a", 1)
+
+    def put_then_remove(ctx, c):
+        m = ctx.state(c.m_json)
+        m.put((1, 2), 3)
+        m.remove((1, 2))
+
+    def put(ctx, c):
+        ctx.state(c.m_json).put((1, 2), 3)
+
+    comp = Scripted({"peek": peek, "keep": keep, "put_then_remove": put_then_remove, "put": put})
+    h = harness_for(comp)
+    run(h, ("k", "peek"))  # nothing stored
+    assert results(comp, "peek")["k"] == (None, "dflt", False)
+    comp.results.clear()
+    run(h, ("k", "keep"), ("k", "peek"), ("k", "put_then_remove"))  # something stored
+    assert results(comp, "peek")["k"] == (None, "dflt", False)
+    assert h.state("c", "k") == {"m_json": {"a": 1}}
+    h.feed("src", [Record("k", "put", 0)])
+    with pytest.raises(ComputationFailed, match=r"state 'm_json'.*tuple \(1, 2\)"):
+        h.run()
+
+
 def test_reading_defaults_stores_nothing():
     comp = Scripted({"peek": read_all})
     h = harness_for(comp)

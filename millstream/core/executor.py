@@ -51,6 +51,7 @@ MAX_TIMER_FIRINGS_PER_STEP = 100_000
 _WALL, _LOW_WATERMARK = TimeDomain.WALL_TIME, TimeDomain.LOW_WATERMARK
 _new_tuple = tuple.__new__  # a NamedTuple without its Python-level __new__
 _hex128 = xxhash.xxh3_128_hexdigest
+_NO_SPEC = object()  # no state asked for yet (None is a mistake user code can make: it must reach the check)
 
 
 class ComputationError(RuntimeError):
@@ -124,7 +125,7 @@ class _Invocation:
 
     __slots__ = ("_plan", "_state", "_key", "_low_watermark", "_wall_time", "_late", "_stream",
                  "_cause", "_setter", "_produced", "_out", "_segment", "_handles", "_order", "_advanced",
-                 "_inputs", "_after", "_by_spec", "_name", "_codecs", "_segments")
+                 "_inputs", "_after", "_by_spec", "_name", "_codecs", "_segments", "_last_spec", "_last_handle")
 
     def __init__(self, plan: ComputationPlan, state: KeyState, key: str, wall_time: int, out: list[Produced],
                  segments: Sequence[Segment] = ()) -> None:
@@ -146,6 +147,9 @@ class _Invocation:
         self._after = False  # in process_timer: input watermarks after the point
         self._handles: dict[str, Any] = {}
         self._by_spec: dict[int, tuple[StateSpec, Any]] = {}  # id(spec passed) -> (that spec, its handle)
+        # The spec asked for last and its handle: most code reads one state again and again.
+        self._last_spec: Any = _NO_SPEC
+        self._last_handle: Any = None
         self._order = order_base(key)  # position of the key's next production in the step's output
         self._name = plan.name
         self._codecs = plan.output_codecs
@@ -194,11 +198,15 @@ class _Invocation:
                                f"keyed watermarks its inputs carry: {list(self._plan.watermark_keys)}")
 
     def state(self, spec: StateSpec) -> Any:
+        if spec is self._last_spec:
+            return self._last_handle
         known = self._by_spec.get(id(spec))
         if known is not None and known[0] is spec:  # the spec object seen before in this key's step
-            return known[1]
-        handle = self._handle(spec)
-        self._by_spec[id(spec)] = (spec, handle)
+            handle = known[1]
+        else:
+            handle = self._handle(spec)
+            self._by_spec[id(spec)] = (spec, handle)
+        self._last_spec, self._last_handle = spec, handle
         return handle
 
     def _handle(self, spec: StateSpec) -> Any:

@@ -274,10 +274,27 @@ class MapCell:
             data = self.encoded[key] = self.spec.key_codec.encode(key)
         return data
 
+    def _stored_value(self, key: Any) -> bytes | None:
+        """The persisted encoding of `key`'s value, if any. A key the key codec refuses cannot have
+        been stored: it is absent here (and reported when it is put, at the end of the step), so
+        looking it up gives the same answer whether or not anything is stored."""
+        if not self.stored:  # nothing persisted: no key to encode for the lookup
+            return None
+        try:
+            return self.stored.get(self._encode_key(key))
+        except CodecError:
+            return None
+
     def get(self, key: Any, default: Any = None) -> Any:
         value = self.live.get(key, _MISSING)
         if value is _MISSING:
-            data = self.stored.get(self._encode_key(key))
+            stored = self.stored
+            if not stored:  # _stored_value(), inlined: the per-record path
+                return default
+            try:
+                data = stored.get(self._encode_key(key))
+            except CodecError:
+                return default
             if data is None:
                 return default
             value = self.live[key] = self.spec.value_codec.decode(data)
@@ -294,7 +311,7 @@ class MapCell:
     def contains(self, key: Any) -> bool:
         value = self.live.get(key, _MISSING)
         if value is _MISSING:
-            return self._encode_key(key) in self.stored
+            return self._stored_value(key) is not None
         return value is not _REMOVED
 
     def clear(self) -> None:
@@ -326,14 +343,19 @@ class MapCell:
         key_codec, value_codec, known = self.spec.key_codec, self.spec.value_codec, self.encoded
         removed = []
         for key, value in self.live.items():
+            if value is _REMOVED:
+                removed.append(key)
+                if stored:  # else nothing to remove: the entry was put and removed within the step
+                    try:
+                        encoded = known.get(key)
+                        stored.pop(key_codec.encode(key) if encoded is None else encoded, None)
+                    except CodecError:
+                        pass  # a key the codec refuses was never stored
+                continue
             encoded = known.get(key)
             if encoded is None:
                 encoded = key_codec.encode(key)
-            if value is _REMOVED:
-                stored.pop(encoded, None)
-                removed.append(key)
-            else:
-                stored[encoded] = value_codec.encode(value)
+            stored[encoded] = value_codec.encode(value)
         for key in removed:
             del self.live[key]
         return stored or None
