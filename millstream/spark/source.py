@@ -304,15 +304,20 @@ class InputsReader(DataSourceStreamReader):
     def _injector_items(self, sender: Sender, input_plan: InputPlan,
                         partition: _Partition) -> Iterator[DeliveryItem | Produced]:
         segment = partition.fields["segment"]
-        codec = input_plan.codec
+        encode, stream, dedup = input_plan.codec.encode, input_plan.stream, sender.plan.dedup
+        by_record_key = input_plan.keyed_by_record_key
         injector, name = sender.injector, sender.plan.partition
         for position, item in enumerate(injector.read(name, partition.fields["start"], partition.fields["end"])):  # type: ignore[union-attr, arg-type]
             if isinstance(item, Malformed):
                 if sender.owns_malformed:
                     yield self._malformed(sender, item, segment)
                 continue
-            value = codec.encode(item.value)
-            yield self._keyed(input_plan, sender, item.key, value, item.timestamp, item.id, segment, position)
+            key = item.key
+            if by_record_key:  # _keyed(), inlined: the per-record path
+                yield (key, stream, key, encode(item.value), item.timestamp, item.id, segment, position, dedup)
+            else:
+                yield self._keyed(input_plan, sender, key, encode(item.value), item.timestamp, item.id, segment,
+                                  position)
 
     def _log_items(self, sender: Sender, input_plan: InputPlan,
                    partition: _Partition) -> Iterator[DeliveryItem | Produced]:
