@@ -39,6 +39,10 @@ REQUIRED_CONF = {"spark.sql.streaming.stateStore.providerClass": STATE_STORE_PRO
 LOCAL_CONF: dict[str, str] = {
     "spark.driver.host": "127.0.0.1",
     "spark.driver.bindAddress": "127.0.0.1",
+    # The JVM's JIT without its optimizing tier (C2): a local JVM here mostly plans batches and moves
+    # bundles of bytes, and C2 kept compiling Spark's per-batch code run after run, costing more CPU
+    # than it saved (docs/performance.md, "the JIT"). A user's own extraJavaOptions replace this.
+    "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1",
 }
 LOCAL_ENV: dict[str, str] = {"SPARK_LOCAL_IP": "127.0.0.1"}
 
@@ -50,6 +54,10 @@ def session_settings(master: str, conf: Mapping[str, str] | None = None) -> tupl
     >>> settings, env = session_settings("local[2]", {"spark.ui.enabled": "true"})
     >>> settings["spark.ui.enabled"], settings["spark.driver.bindAddress"], env
     ('true', '127.0.0.1', {'SPARK_LOCAL_IP': '127.0.0.1'})
+    >>> settings["spark.driver.extraJavaOptions"]
+    '-XX:TieredStopAtLevel=1'
+    >>> session_settings("local[2]", {"spark.driver.extraJavaOptions": "-Xss4m"})[0]["spark.driver.extraJavaOptions"]
+    '-Xss4m'
     >>> session_settings("spark://10.0.0.5:7077")[1]
     {}
     """

@@ -22,6 +22,13 @@ def test_local_spark_listens_on_loopback_only(spark):
     assert spark._jvm.java.lang.System.getenv("SPARK_LOCAL_IP") == "127.0.0.1"
 
 
+def test_the_local_jvm_runs_without_the_optimizing_jit_tier(spark):
+    """The setting reaches the JVM millstream starts (it must be given before the JVM starts)."""
+    arguments = list(spark.sparkContext._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean()
+                     .getInputArguments())
+    assert "-XX:TieredStopAtLevel=1" in arguments
+
+
 def test_a_users_session_gets_the_state_store_transform_with_state_needs(spark, tmp_path):
     spark.conf.set(PROVIDER, HDFS_PROVIDER)  # as a user's own session may be configured
     try:
