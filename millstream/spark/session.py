@@ -12,6 +12,8 @@ T = TypeVar("T")
 
 STATE_STORE_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
+_JIT_WITHOUT_C2 = "-XX:TieredStopAtLevel=1"
+
 DEFAULT_CONF: dict[str, str] = {
     # transformWithState requires RocksDB; changelog checkpointing halves commit time.
     "spark.sql.streaming.stateStore.providerClass": STATE_STORE_PROVIDER,
@@ -25,6 +27,13 @@ DEFAULT_CONF: dict[str, str] = {
     "spark.sql.streaming.metricsEnabled": "false",
     "spark.driver.memory": "2g",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
+    # The JVMs' JIT without its optimizing tier (C2): millstream's JVMs mostly plan batches and move
+    # bundles of bytes, and C2 kept compiling Spark's per-batch code run after run, costing more CPU
+    # than it saved (docs/performance.md, "the JIT"). As *default* options, which Spark puts before
+    # the extraJavaOptions of the user or the cluster's spark-defaults: those are kept, and a later
+    # -XX:TieredStopAtLevel=4 there restores C2.
+    "spark.driver.defaultJavaOptions": _JIT_WITHOUT_C2,
+    "spark.executor.defaultJavaOptions": _JIT_WITHOUT_C2,
     # Python workers start slowly on a loaded 2-core machine; the default 15 s made them fail
     # with "Python worker failed to connect back".
     "spark.python.authenticate.socketTimeout": "120s",
@@ -39,10 +48,6 @@ REQUIRED_CONF = {"spark.sql.streaming.stateStore.providerClass": STATE_STORE_PRO
 LOCAL_CONF: dict[str, str] = {
     "spark.driver.host": "127.0.0.1",
     "spark.driver.bindAddress": "127.0.0.1",
-    # The JVM's JIT without its optimizing tier (C2): a local JVM here mostly plans batches and moves
-    # bundles of bytes, and C2 kept compiling Spark's per-batch code run after run, costing more CPU
-    # than it saved (docs/performance.md, "the JIT"). A user's own extraJavaOptions replace this.
-    "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1",
 }
 LOCAL_ENV: dict[str, str] = {"SPARK_LOCAL_IP": "127.0.0.1"}
 
@@ -54,10 +59,8 @@ def session_settings(master: str, conf: Mapping[str, str] | None = None) -> tupl
     >>> settings, env = session_settings("local[2]", {"spark.ui.enabled": "true"})
     >>> settings["spark.ui.enabled"], settings["spark.driver.bindAddress"], env
     ('true', '127.0.0.1', {'SPARK_LOCAL_IP': '127.0.0.1'})
-    >>> settings["spark.driver.extraJavaOptions"]
-    '-XX:TieredStopAtLevel=1'
-    >>> session_settings("local[2]", {"spark.driver.extraJavaOptions": "-Xss4m"})[0]["spark.driver.extraJavaOptions"]
-    '-Xss4m'
+    >>> settings["spark.driver.defaultJavaOptions"], settings["spark.executor.defaultJavaOptions"]
+    ('-XX:TieredStopAtLevel=1', '-XX:TieredStopAtLevel=1')
     >>> session_settings("spark://10.0.0.5:7077")[1]
     {}
     """

@@ -23,10 +23,12 @@ def test_local_spark_listens_on_loopback_only(spark):
 
 
 def test_the_local_jvm_runs_without_the_optimizing_jit_tier(spark):
-    """The setting reaches the JVM millstream starts (it must be given before the JVM starts)."""
+    """The default JVM options reach the JVM millstream starts (they must be given before it starts),
+    ahead of any extraJavaOptions."""
     arguments = list(spark.sparkContext._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean()
                      .getInputArguments())
     assert "-XX:TieredStopAtLevel=1" in arguments
+    assert spark.sparkContext.getConf().get("spark.executor.defaultJavaOptions") == "-XX:TieredStopAtLevel=1"
 
 
 def test_a_users_session_gets_the_state_store_transform_with_state_needs(spark, tmp_path):
