@@ -11,11 +11,10 @@ the last batch that wrote windows (its commits/N). Both outputs are compared wit
 of (key, bucket, count) computed directly from the generator.
 
 Warm-up, to time the steady state a long-running pipeline lives in: the JVM's JIT compiler is still
-compiling through the first full-size runs of a session (back-to-back runs of millstream's job used
-10.9, 6.8, 5.6, 5.1 and 4.8 us of JVM CPU per record; docs/performance.md). So millstream's job first
-runs untimed at full size until two runs in a row agree within WARMUP_TOLERANCE (at most
-MAX_WARMUP_RUNS); their rates are reported. The hand-written job, whose timed run lasts minutes, warms
-up on a tenth of the records at the full key count.
+compiling through the first full-size runs of a session (docs/performance.md, "the JIT"). So
+millstream's job first runs untimed at full size until two runs in a row agree within
+WARMUP_TOLERANCE (at most MAX_WARMUP_RUNS); their rates are reported. The hand-written job, whose
+timed run lasts minutes, warms up on a tenth of the records at the full key count.
 """
 
 from __future__ import annotations
@@ -144,7 +143,7 @@ def main(quick: bool) -> dict:
     spark = spark_session(log_name="throughput")
     collector = ProgressCollector(spark)
     # The hand-written job's warm-up first: run between millstream's warm-up and its timed run, it
-    # cost millstream's timed run a tenth of its rate (76,488 warm, 68,125 timed).
+    # slowed the timed run (docs/performance.md).
     run_baseline(spark, collector, keys, total // 10, sum(expected_windows(keys, total // 10).values()),
                  timeout=1800, tag="warmup")
     warmup_rates = warm_up(spark, keys, total)

@@ -23,8 +23,7 @@ def test_local_spark_listens_on_loopback_only(spark):
 
 
 def test_the_local_jvm_runs_without_the_optimizing_jit_tier(spark):
-    """The default JVM options reach the JVM millstream starts (they must be given before it starts),
-    ahead of any extraJavaOptions."""
+    """The default JVM options reach the JVM millstream starts (they must be given before it starts)."""
     arguments = list(spark.sparkContext._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean()
                      .getInputArguments())
     assert "-XX:TieredStopAtLevel=1" in arguments
