@@ -340,22 +340,18 @@ class MapCell:
         if not self.live:
             return _ABSENT
         stored = self.stored  # owned by the KeyState; a failed step reloads the key from its blob
-        key_codec, value_codec, known = self.spec.key_codec, self.spec.value_codec, self.encoded
+        value_codec, encode_key = self.spec.value_codec, self._encode_key
         removed = []
         for key, value in self.live.items():
-            if value is _REMOVED:
-                removed.append(key)
-                if stored:  # else nothing to remove: the entry was put and removed within the step
-                    try:
-                        encoded = known.get(key)
-                        stored.pop(key_codec.encode(key) if encoded is None else encoded, None)
-                    except CodecError:
-                        pass  # a key the codec refuses was never stored
+            if value is not _REMOVED:
+                stored[encode_key(key)] = value_codec.encode(value)
                 continue
-            encoded = known.get(key)
-            if encoded is None:
-                encoded = key_codec.encode(key)
-            stored[encoded] = value_codec.encode(value)
+            removed.append(key)
+            if stored:  # else nothing to remove: the entry was put and removed within the step
+                try:
+                    stored.pop(encode_key(key), None)
+                except CodecError:
+                    pass  # a key the codec refuses was never stored
         for key in removed:
             del self.live[key]
         return stored or None

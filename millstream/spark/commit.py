@@ -86,7 +86,7 @@ def staged_after(storage: Storage, computation: str, batch: int) -> list[str]:
     return [f"staged/{computation}/{epoch_dir}/{name}"
             for epoch_dir in storage.list(f"staged/{computation}")
             for name in storage.list(f"staged/{computation}/{epoch_dir}")
-            if name.split(".")[0].isdigit() and int(name.split(".")[0]) > batch]
+            if (number := name.split(".")[0]).isdigit() and int(number) > batch]
 
 
 def offsets_digest(end: dict[str, Any] | None) -> str | None:
