@@ -5,13 +5,14 @@ partitions) on one core and on two, run one after the other, each in a fresh dri
 - a Spark standalone cluster started here on 127.0.0.1 (a master, workers of one core each) with one
   worker vs two (parallelism 1 vs 2: one state partition per executor core).
 
-Each run: a warm-up run, then the measured run; records/s end to end as in bench/throughput.py (first
-record read -> last output published), output checked against the exact answer. Meanwhile this process
-samples the CPU time of every process in its tree (psutil, every 0.25 s) and splits it by role over
-the measured run's window: the driver (its Python process, the Python planners its JVM starts, and on
-a cluster its JVM), the executors (JVMs and Python workers) and the cluster's daemons. In local mode
-one JVM is the driver and the executors: its threads are split by name (see common.jvm_thread_role),
-GC/JIT/VM threads belong to both and are reported apart (the share is then a range).
+Each run: full-size warm-up runs to steady state (bench/throughput.py: warm_up), then the measured
+run; records/s end to end as in bench/throughput.py (first record read -> last output published),
+output checked against the exact answer. Meanwhile this process samples the CPU time of every
+process in its tree (psutil, every 0.25 s) and splits it by role over the measured run's window: the
+driver (its Python process, the Python planners its JVM starts, and on a cluster its JVM), the
+executors (JVMs and Python workers) and the cluster's daemons. In local mode one JVM is the driver and
+the executors: its threads are split by name (see common.jvm_thread_role), GC/JIT/VM threads belong
+to both and are reported apart (the share is then a range).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ KEYS = 10_000
 
 def one(master: str, parallelism: int, total: int, out: str) -> None:
     """The driver process of one configuration (run as `python -m bench.scaling --one ...`)."""
-    from bench.throughput import run_millstream
+    from bench.throughput import run_millstream, warm_up
 
     conf = None
     if master.startswith("spark://"):
@@ -48,13 +49,13 @@ def one(master: str, parallelism: int, total: int, out: str) -> None:
                 "spark.pyspark.python": sys.executable}
     tag = master.replace("[", "").replace("]", "").replace(":", "").replace("/", "")[:12]
     spark = spark_session(master, conf, log_name=f"scaling-{tag}")
-    run_millstream(spark, None, 1_000, 20_000, timeout=900, tag=f"scalewarm{parallelism}", check=False,
-                   parallelism=parallelism)
+    warmup = warm_up(spark, KEYS, total, tag=f"scale{parallelism}", parallelism=parallelism)
     result = run_millstream(spark, None, KEYS, total, timeout=3600, tag=f"scale{parallelism}",
                             parallelism=parallelism)
     output = result.pop("_output")
     result["matches_expected"] = output == expected_windows(KEYS, total)
     result["default_parallelism"] = spark.sparkContext.defaultParallelism
+    result["warmup_records_per_s"] = warmup
     spark.stop()
     with open(out, "w") as f:
         json.dump(result, f)

@@ -124,14 +124,15 @@ def run_baseline(spark: Any, collector: ProgressCollector, keys: int, total: int
             "durationMs": collector.breakdown(name), "_output": baseline.read_output(root)}
 
 
-def warm_up(spark: Any, keys: int, total: int) -> list[int]:
+def warm_up(spark: Any, keys: int, total: int, tag: str = "", **runner_args: Any) -> list[int]:
     """Untimed full-size runs of millstream's job until two in a row agree within WARMUP_TOLERANCE
     (at most MAX_WARMUP_RUNS); their rates."""
     rates: list[int] = []
     while len(rates) < MAX_WARMUP_RUNS:
-        run = run_millstream(spark, None, keys, total, timeout=1800, tag=f"warmup{len(rates)}", check=False)
+        run = run_millstream(spark, None, keys, total, timeout=1800, tag=f"{tag}warmup{len(rates)}", check=False,
+                             **runner_args)
         rates.append(run["records_per_s"])
-        print(f"[throughput] warm-up run {len(rates)}: {rates[-1]} rec/s", flush=True)
+        print(f"[throughput] {tag or 'millstream'} warm-up run {len(rates)}: {rates[-1]} rec/s", flush=True)
         if len(rates) >= 2 and abs(rates[-1] - rates[-2]) <= WARMUP_TOLERANCE * rates[-2]:
             break
     return rates
