@@ -41,9 +41,9 @@ from millstream.console.running import (
     snapshot_of_progress,
 )
 from millstream.model.pipeline import Pipeline, PipelineError
+from millstream.spark.rootfiles import LAYOUT_FILE
 
 PROG = "millstream"
-ROOT_MARKER = "pipeline.json"  # the SparkRunner writes it first into every root
 _PROJECT_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")  # also a valid pipeline name
 # What `millstream new` writes: file in the project <- template in millstream/templates.
 STARTER_FILES = {"pipeline.py": "starter_pipeline.py.txt", "test_pipeline.py": "starter_test.py.txt",
@@ -106,8 +106,8 @@ def _main(argv: Sequence[str] | None) -> int:
 
 # -- millstream rescale -------------------------------------------------------------------------------
 def rescale_root(args: argparse.Namespace) -> int:
-    if not os.path.exists(os.path.join(args.root, ROOT_MARKER)):
-        raise UsageError(f"{args.root} is not a millstream root (no {ROOT_MARKER})")
+    if not os.path.exists(os.path.join(args.root, LAYOUT_FILE)):
+        raise UsageError(f"{args.root} is not a millstream root (no {LAYOUT_FILE})")
     check_master(args.master)
     from millstream.spark.rescale import RescaleError, rescale
     from millstream.spark.session import create_session
@@ -255,13 +255,13 @@ def run_pipeline(args: argparse.Namespace) -> int:
     root = check_writable_directory(args.root, "--root")
     check_master(args.master)
     if args.fresh:
-        check_fresh_start(root, ROOT_MARKER, "a millstream root")
+        check_fresh_start(root, LAYOUT_FILE, "a millstream root")
     try:
         from millstream.spark.runner import SparkRunner
     except ImportError as error:
         raise UsageError(f"the Spark runner is not available ({error}); try --runner harness") from None
     if args.fresh:
-        delete_for_fresh_start(root, ROOT_MARKER, "a millstream root")
+        delete_for_fresh_start(root, LAYOUT_FILE, "a millstream root")
     try:
         runner = SparkRunner(pipeline, root=root, master=args.master)
     except PipelineError as error:  # e.g. the root holds a run of another pipeline

@@ -36,6 +36,7 @@ from millstream.model.computation import Computation, Context
 from millstream.model.pipeline import Pipeline
 from millstream.model.records import Record, Timer
 from millstream.model.state import MapState
+from millstream.spark.rootfiles import LAYOUT_FILE
 from millstream.windows import Count, TumblingWindows, Window, WindowAggregate
 
 HARNESS_BATCH_RECORDS = 100_000  # records per harness step when --batch-records is not given
@@ -238,7 +239,7 @@ def _main(argv: list[str] | None) -> int:
     # Everything checked before anything is deleted, created or started.
     args.root = check_writable_directory(args.root, "--root")
     if args.fresh:
-        check_fresh_start(args.root, (SETTINGS_FILE, "pipeline.json"), "a dips root")
+        check_fresh_start(args.root, (SETTINGS_FILE, LAYOUT_FILE), "a dips root")
     if args.runner == "spark":
         check_master(args.master)
         try:
@@ -246,7 +247,7 @@ def _main(argv: list[str] | None) -> int:
         except ImportError as error:
             raise UsageError(f"the Spark runner is not available ({error}); try --runner harness") from None
     if args.fresh:
-        delete_for_fresh_start(args.root, (SETTINGS_FILE, "pipeline.json"), "a dips root")
+        delete_for_fresh_start(args.root, (SETTINGS_FILE, LAYOUT_FILE), "a dips root")
     asked = {name: getattr(args, name) for name in TRAFFIC_OPTIONS if getattr(args, name) is not None}
     defaults = TrafficSpec()
     settings, resumed = settings_for_run(args.root, SETTINGS_FILE, "traffic", asked,

@@ -26,8 +26,8 @@ from typing import Any, Sequence
 
 from millstream.console.options import UsageError
 from millstream.model.records import BEGINNING_OF_TIME, END_OF_TIME
+from millstream.spark.rootfiles import LAYOUT_FILE, history_dir, latest_status
 
-PIPELINE_FILE = "pipeline.json"
 
 
 @dataclass
@@ -84,21 +84,23 @@ def _storage(root: str) -> Any:
     if is_local(root) and not os.path.isdir(root):
         raise UsageError(f"{root}: no such directory")
     storage = Storage(root)
-    if not storage.exists(PIPELINE_FILE):
-        raise UsageError(f"{root} holds no millstream pipeline (no {PIPELINE_FILE}; run one with this --root first)")
+    if not storage.exists(LAYOUT_FILE):
+        raise UsageError(f"{root} holds no millstream pipeline (no {LAYOUT_FILE}; run one with this --root first)")
     return storage
 
 
 def read_root(root: str, with_history: bool = True) -> RootView:
     """Everything `millstream status` shows, read from the files under `root`."""
+    from millstream.spark.publog import PublicationLog
+
     storage = _storage(root)
-    described = storage.read_json(PIPELINE_FILE) or {}
+    described = storage.read_json(LAYOUT_FILE) or {}
     names: list[str] = list(described.get("computations", []))
     names += [n for n in described.get("weak", []) if n not in names]
-    heads = {name: _head(storage, name) for name in names}
+    heads = {name: PublicationLog(root, name).head() for name in names}
     views = []
     for name in names:
-        status = storage.read_json(f"status/{name}/latest.json") or {}
+        status = storage.read_json(latest_status(name)) or {}
         metrics = status.get("metrics", {})
         view = ComputationView(
             name=name, batches=status.get("batch", -1) + 1,
@@ -124,20 +126,13 @@ def _producer(sender: str) -> str:
     return sender.split("/", 1)[-1].split("#", 1)[0]
 
 
-def _head(storage: Any, computation: str) -> int:
-    """The newest position of a computation's publication log (the hint, then probing forward)."""
-    position = (storage.read_json(f"log/{computation}/HEAD.json") or {}).get("position", -1)
-    while storage.exists(f"log/{computation}/{position + 1:012d}.json"):
-        position += 1
-    return int(position)
-
-
 def _history(storage: Any, computation: str) -> list[HistoryPoint]:
     points = []
-    for name in sorted(storage.list(f"status/{computation}/history")):
+    history = storage.child(history_dir(computation))
+    for name in sorted(history.list("")):
         if not name.endswith(".json"):
             continue
-        entry = storage.read_json(f"status/{computation}/history/{name}")
+        entry = history.read_json(name)
         if not entry:
             continue
         metrics = entry.get("metrics") or {}

@@ -40,6 +40,7 @@ from millstream.spark import faults
 from millstream.spark.fencing import Lease
 from millstream.spark.operator import METRICS
 from millstream.spark.publog import BATCH, FencedWriter
+from millstream.spark.rootfiles import latest_status, status_history, wake_file
 from millstream.spark.source import batch_segments
 from millstream.spark.storage import Storage
 from millstream.spark.writer import WRITER_SCHEMA, BatchWriter, FileSink
@@ -217,10 +218,6 @@ class BatchStager:
         return entry.get("fused", {}).get(computation) or empty_status()
 
 
-def wake_file(computation: str) -> str:
-    return f"status/{computation}/wake.json"
-
-
 class Publisher:
     """Publishes committed batches of every computation, then hands them to the sinks."""
 
@@ -310,6 +307,6 @@ class Publisher:
             history = {k: status.get(k) for k in ("batch", "low_watermark", "input_watermark", "wall_ms",
                                                   "state_bytes_written", "state_bytes_changed", "senders",
                                                   "metrics")}
-            self.storage.write_json(f"status/{member}/history/{batch:012d}.json", history)
-            self.storage.write_json(f"status/{member}/latest.json", {**status, "position": position})
+            self.storage.write_json(status_history(member, batch), history)
+            self.storage.write_json(latest_status(member), {**status, "position": position})
         self.sinks.published(name, position, manifest)

@@ -18,6 +18,7 @@ from typing import Any, Sequence
 from millstream.spark.commit import staged_after
 from millstream.spark.fencing import Lease, RootInUse
 from millstream.spark.publog import PublicationLog
+from millstream.spark.rootfiles import LAYOUT_FILE
 from millstream.spark.storage import Storage
 
 
@@ -64,7 +65,7 @@ def rescale(spark: Any, root: str, parallelism: int, computations: Sequence[str]
     holder = Lease(root).holder()
     if holder is not None and holder.heartbeat_ms > 0 and holder.is_alive():
         raise RootInUse(f"{Storage(root).describe()} is in use ({holder.describe()}): stop the pipeline first")
-    layout = Storage(root).read_json("pipeline.json")
+    layout = Storage(root).read_json(LAYOUT_FILE)
     if not isinstance(layout, dict):
         raise RescaleError(f"{Storage(root).describe()} holds no pipeline")
     if parallelism > layout["key_groups"]:

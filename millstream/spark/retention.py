@@ -32,6 +32,7 @@ from millstream.core.plan import ComputationPlan
 from millstream.injectors.dataframe import DataFrameInjector
 from millstream.spark.commit import staged_paths
 from millstream.spark.publog import BATCH, CLAIM
+from millstream.spark.rootfiles import status_history
 from millstream.spark.storage import Storage
 
 if TYPE_CHECKING:
@@ -141,7 +142,7 @@ class LogRetention:
             for path in staged_paths(self.storage, name, batch):
                 self.storage.delete(path)
             for member in members:
-                self.storage.delete(f"status/{member}/history/{batch:012d}.json")
+                self.storage.delete(status_history(member, batch))
             log.delete(entry_position)
         self._delete_sink_leftovers(name, last_batch)
         return len(doomed)

@@ -31,7 +31,7 @@ import pyarrow.parquet as pq
 from millstream.core.plan import DEFAULT_KEY_GROUPS, ComputationPlan, plan_computation
 from millstream.model.pipeline import ErrorPolicy, Pipeline, PipelineError, Production
 from millstream.model.records import BEGINNING_OF_TIME, END_OF_TIME, Record
-from millstream.spark.commit import BatchStager, Checkpoint, ComputationCommit, Publisher, wake_file
+from millstream.spark.commit import BatchStager, Checkpoint, ComputationCommit, Publisher
 from millstream.spark.errors import MillstreamRunError, reported_failure, restart_after, user_error_message
 from millstream.spark.feeds import Feeds
 from millstream.spark.fencing import Lease, RootInUse, driver_info
@@ -39,6 +39,7 @@ from millstream.spark.operator import FUSED_SCHEMA, OUTPUT_SCHEMA, FusedProducer
 from millstream.spark.partitioning import GroupLabels, alignment
 from millstream.spark.publog import BATCH, CLAIM, Fenced, FencedWriter, PublicationLog
 from millstream.spark.retention import DEFAULT_RETAIN_LOGS_S, LogRetention
+from millstream.spark.rootfiles import LAYOUT_FILE, history_dir, latest_status, wake_file
 from millstream.spark.sinks import SinkDelivery, sink_deliverers
 from millstream.spark.source import DEFAULT_MAX_RECORDS_PER_BATCH, LOG_SCHEMA, Sender, SourcePlan, source_for
 from millstream.spark.storage import Storage, check_no_credentials, is_local
@@ -48,7 +49,6 @@ __all__ = ["ComputationProgress", "MillstreamRunError", "PipelineProgress", "Roo
 
 # Version of the state and log layout under a root; a root written by another version is refused.
 LAYOUT_FORMAT = 3
-LAYOUT_FILE = "pipeline.json"
 # A take-over's claim retries while the driver it takes over publishes its last batches (see _claim).
 TAKEOVER_ATTEMPTS = 20
 # Copies of a running driver's checkpoint tried before a take-over gives up (files vanish mid-copy).
@@ -624,8 +624,8 @@ class SparkRunner:
 
     def watermark_history(self, computation: str) -> list[dict[str, int]]:
         """(batch, low_watermark, input_watermark, wall_ms) per published batch, oldest first."""
-        status = self.storage.child(f"status/{computation}")
-        entries = (status.read_json(f"history/{name}") for name in status.list("history") if name.endswith(".json"))
+        history = self.storage.child(history_dir(computation))
+        entries = (history.read_json(name) for name in history.list("") if name.endswith(".json"))
         return [entry for entry in entries if entry is not None]
 
     def read_stream(self, stream: str) -> list[Record[Any]]:
@@ -661,7 +661,7 @@ def read_progress(storage: Storage, computations: list[str], injectors: set[str]
     `SparkRunner.progress` returns, readable by any process (a command watching drivers it started)."""
     result = PipelineProgress()
     for name in computations:
-        status = storage.read_json(f"status/{name}/latest.json") or {}
+        status = storage.read_json(latest_status(name)) or {}
         metrics = status.get("metrics", {})
         result.computations[name] = ComputationProgress(
             low_watermark=status.get("low_watermark", BEGINNING_OF_TIME),

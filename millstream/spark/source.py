@@ -41,6 +41,7 @@ from millstream.spark.bundles import BUNDLE_RECORDS, DeliveryItem, pack, pack_pr
 from millstream.spark.errors import report_failure
 from millstream.spark.partitioning import GroupLabels
 from millstream.spark.publog import BATCH, PublicationLog
+from millstream.spark.rootfiles import latest_status
 from millstream.spark.storage import Storage
 
 try:  # Spark's DataSource API; only needed where Spark runs
@@ -193,7 +194,7 @@ def plan_next_batch(plan: SourcePlan, start: dict[str, Any], wall_timer_due: boo
     def downstream_watermarks(names: tuple[str, ...]) -> list[int]:
         for name in names:
             if name not in published:
-                status = Storage(plan.root).read_json(f"status/{name}/latest.json") or {}
+                status = Storage(plan.root).read_json(latest_status(name)) or {}
                 published[name] = status.get("low_watermark", BEGINNING_OF_TIME)
         return [published[n] for n in names]
 

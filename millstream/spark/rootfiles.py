@@ -1,0 +1,38 @@
+"""The names of the files a pipeline root holds that more than one part of millstream reads: spelled
+here once. Plain strings and no imports, so the console can name them without loading Spark.
+
+    pipeline.json                                the layout: computations, key groups, labels
+                                                 (written first into every root: it marks a root)
+    status/<computation>/latest.json             the status after the newest published batch
+    status/<computation>/history/<batch>.json    one line of watermark history per batch
+    status/<computation>/wake.json               the computation's next wall-time timer
+
+>>> latest_status("windows")
+'status/windows/latest.json'
+>>> status_history("windows", 7)
+'status/windows/history/000000000007.json'
+"""
+
+from __future__ import annotations
+
+LAYOUT_FILE = "pipeline.json"
+
+
+def status_dir(computation: str) -> str:
+    return f"status/{computation}"
+
+
+def latest_status(computation: str) -> str:
+    return f"{status_dir(computation)}/latest.json"
+
+
+def history_dir(computation: str) -> str:
+    return f"{status_dir(computation)}/history"
+
+
+def status_history(computation: str, batch: int) -> str:
+    return f"{history_dir(computation)}/{batch:012d}.json"
+
+
+def wake_file(computation: str) -> str:
+    return f"{status_dir(computation)}/wake.json"
