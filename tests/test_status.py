@@ -14,6 +14,7 @@ from clitools import assert_refused, run
 from millstream import END_OF_TIME, Computation, GeneratorInjector, MapState, Pipeline, Record, TimeDomain
 from millstream.console.options import UsageError
 from millstream.console.status import format_watermark, lag_series, read_root, render_html, throughput_series
+from millstream.spark.layout import RootLayout
 from millstream.testing import PipelineHarness
 
 KEYS = ("a", "b", "c", "d", "e")
@@ -82,8 +83,7 @@ def write(path, value):
 
 def fake_root(tmp_path, upstream_head=7, read_up_to=3):
     root = tmp_path / "root"
-    write(root / "pipeline.json", {"format": 3, "pipeline": "demo", "key_groups": 4,
-                                   "computations": ["up", "down"], "weak": []})
+    write(root / "pipeline.json", RootLayout("demo", 4, {"up": None, "down": None}, None).record())
     for position in range(upstream_head + 1):
         write(root / "log" / "up" / f"{position:012d}.json", {"type": "batch"})
     write(root / "log" / "up" / "HEAD.json", {"position": 2})  # a stale hint: the reader probes on
@@ -106,7 +106,7 @@ def fake_root(tmp_path, upstream_head=7, read_up_to=3):
 
 def test_reader_counts_backlog_and_reads_counters_and_history(tmp_path):
     view = read_root(str(fake_root(tmp_path, upstream_head=7, read_up_to=3)))
-    up, down = view.computations
+    down, up = view.computations  # in the layout's order: by name
     assert (up.name, down.name) == ("up", "down")
     assert down.backlog == 4 and up.backlog == 0  # up's log has entries 4..7 that down has not read
     assert (up.records, up.late, up.duplicates, up.dead_letters, up.pending_timers) == (300, 4, 2, 1, 9)

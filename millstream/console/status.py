@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from millstream.console.options import UsageError
+from millstream.core.plan import producer_of
 from millstream.model.records import BEGINNING_OF_TIME, END_OF_TIME
 from millstream.spark.rootfiles import LAYOUT_FILE, history_dir, latest_status
 
@@ -91,12 +92,14 @@ def _storage(root: str) -> Any:
 
 def read_root(root: str, with_history: bool = True) -> RootView:
     """Everything `millstream status` shows, read from the files under `root`."""
+    from millstream.spark.layout import read_layout
     from millstream.spark.publog import PublicationLog
 
     storage = _storage(root)
-    described = storage.read_json(LAYOUT_FILE) or {}
-    names: list[str] = list(described.get("computations", []))
-    names += [n for n in described.get("weak", []) if n not in names]
+    layout = read_layout(storage)
+    if layout is None:
+        raise UsageError(f"{root} holds a pipeline written by another version of millstream ({LAYOUT_FILE})")
+    names = list(layout.computations)
     heads = {name: PublicationLog(root, name).head() for name in names}
     views = []
     for name in names:
@@ -112,18 +115,13 @@ def read_root(root: str, with_history: bool = True) -> RootView:
             pending_timers=metrics.get("pending_timers") if status else 0, idle_inputs=list(status.get("idle_inputs", [])),
             keyed_watermarks=dict(status.get("keyed_watermarks", {})))
         for sender, position in status.get("positions", {}).items():
-            producer = _producer(sender)
+            producer = producer_of(sender)
             if producer in heads:
                 view.backlog += max(0, heads[producer] - position)
         if with_history:
             view.history = _history(storage, name)
         views.append(view)
-    return RootView(root, described.get("pipeline", "?"), views, int(time.time() * 1000))
-
-
-def _producer(sender: str) -> str:
-    """The producer in a sender's name, `<stream>/<producer>#<partition>`."""
-    return sender.split("/", 1)[-1].split("#", 1)[0]
+    return RootView(root, layout.pipeline, views, int(time.time() * 1000))
 
 
 def _history(storage: Any, computation: str) -> list[HistoryPoint]:

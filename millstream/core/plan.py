@@ -58,7 +58,22 @@ class SenderPlan:
 
 
 def sender_name(stream: str, producer: str, partition: str | None = None) -> str:
+    """How a computation names one of its senders: the stream, its producer, and for an injector the
+    partition.
+
+    >>> sender_name("clicks", "ingest", "p0"), sender_name("windows", "count")
+    ('clicks/ingest#p0', 'windows/count')
+    """
     return f"{stream}/{producer}" if partition is None else f"{stream}/{producer}#{partition}"
+
+
+def producer_of(sender: str) -> str:
+    """The producer in a sender's name (`sender_name`).
+
+    >>> producer_of("clicks/ingest#p0"), producer_of("windows/count")
+    ('ingest', 'count')
+    """
+    return sender.split("/", 1)[1].split("#", 1)[0]
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from typing import Any, Sequence
 from millstream.spark.commit import staged_after
 from millstream.spark.fencing import Lease, RootInUse
 from millstream.spark.publog import PublicationLog
-from millstream.spark.rootfiles import LAYOUT_FILE
+from millstream.spark.layout import read_layout
 from millstream.spark.storage import Storage
 
 
@@ -65,20 +65,20 @@ def rescale(spark: Any, root: str, parallelism: int, computations: Sequence[str]
     holder = Lease(root).holder()
     if holder is not None and holder.heartbeat_ms > 0 and holder.is_alive():
         raise RootInUse(f"{Storage(root).describe()} is in use ({holder.describe()}): stop the pipeline first")
-    layout = Storage(root).read_json(LAYOUT_FILE)
-    if not isinstance(layout, dict):
-        raise RescaleError(f"{Storage(root).describe()} holds no pipeline")
-    if parallelism > layout["key_groups"]:
-        raise RescaleError(f"parallelism {parallelism} is more than the root's {layout['key_groups']} key groups: "
+    layout = read_layout(Storage(root))
+    if layout is None:
+        raise RescaleError(f"{Storage(root).describe()} holds no pipeline this version of millstream reads")
+    if parallelism > layout.key_groups:
+        raise RescaleError(f"parallelism {parallelism} is more than the root's {layout.key_groups} key groups: "
                            "the extra tasks would have nothing to do")
-    names = list(computations) if computations else [c for c in layout["computations"] if c not in layout["weak"]]
+    names = list(computations) if computations else list(layout.strong)
     manager = getattr(spark, "_streamingCheckpointManager", None)
     if manager is None:
         raise RescaleError("this Spark session cannot repartition checkpoints (Spark 4.2+, classic Spark only)")
     done: dict[str, tuple[int | None, int]] = {}
     for name in names:
-        if name not in layout["computations"]:
-            raise RescaleError(f"no computation {name!r} in this root; known: {layout['computations']}")
+        if name not in layout.computations:
+            raise RescaleError(f"no computation {name!r} in this root; known: {list(layout.computations)}")
         checkpoint = checkpoint_of(root, name)
         before = state_partitions(checkpoint)
         if before == parallelism:

@@ -22,7 +22,6 @@ import re
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 import pyarrow.fs as pafs
@@ -30,16 +29,18 @@ import pyarrow.parquet as pq
 
 from millstream.core.plan import DEFAULT_KEY_GROUPS, ComputationPlan, plan_computation
 from millstream.model.pipeline import ErrorPolicy, Pipeline, PipelineError, Production
-from millstream.model.records import BEGINNING_OF_TIME, END_OF_TIME, Record
+from millstream.model.records import Record
 from millstream.spark.commit import BatchStager, Checkpoint, ComputationCommit, Publisher
 from millstream.spark.errors import MillstreamRunError, reported_failure, restart_after, user_error_message
 from millstream.spark.feeds import Feeds
 from millstream.spark.fencing import Lease, RootInUse, driver_info
+from millstream.spark.layout import RootLayout
 from millstream.spark.operator import FUSED_SCHEMA, OUTPUT_SCHEMA, FusedProducerProcessor, KeyGroupProcessor
 from millstream.spark.partitioning import GroupLabels, alignment
 from millstream.spark.publog import BATCH, CLAIM, Fenced, FencedWriter, PublicationLog
+from millstream.spark.progress import ComputationProgress, PipelineProgress, read_progress
 from millstream.spark.retention import DEFAULT_RETAIN_LOGS_S, LogRetention
-from millstream.spark.rootfiles import LAYOUT_FILE, history_dir, latest_status, wake_file
+from millstream.spark.rootfiles import LAYOUT_FILE, history_dir, wake_file
 from millstream.spark.sinks import SinkDelivery, sink_deliverers
 from millstream.spark.source import DEFAULT_MAX_RECORDS_PER_BATCH, LOG_SCHEMA, Sender, SourcePlan, source_for
 from millstream.spark.storage import Storage, check_no_credentials, is_local
@@ -47,55 +48,10 @@ from millstream.spark.writer import FileSink
 
 __all__ = ["ComputationProgress", "MillstreamRunError", "PipelineProgress", "RootInUse", "SparkRunner", "read_progress"]
 
-# Version of the state and log layout under a root; a root written by another version is refused.
-LAYOUT_FORMAT = 3
 # A take-over's claim retries while the driver it takes over publishes its last batches (see _claim).
 TAKEOVER_ATTEMPTS = 20
 # Copies of a running driver's checkpoint tried before a take-over gives up (files vanish mid-copy).
 CHECKPOINT_COPY_ATTEMPTS = 10
-
-
-@dataclass
-class ComputationProgress:
-    low_watermark: int = BEGINNING_OF_TIME
-    input_watermark: int = BEGINNING_OF_TIME
-    records: int = 0
-    duplicates: int = 0
-    late: int = 0
-    timers_fired: int = 0
-    productions: int = 0
-    dead_letters: int = 0
-    pending_timers: int = 0
-    batches: int = 0
-    wall_ms: int = 0
-    next_wall_timer: int | None = None
-    keyed_watermarks: dict[str, int] = field(default_factory=dict)  # published, per watermark key
-
-
-@dataclass
-class InjectorProgress:
-    """An injector's published low watermark (the minimum over its partitions). Records are counted
-    where they are delivered: see ComputationProgress.records of its consumers."""
-
-    low_watermark: int = BEGINNING_OF_TIME
-
-
-@dataclass
-class PipelineProgress:
-    computations: dict[str, ComputationProgress] = field(default_factory=dict)
-    injectors: dict[str, InjectorProgress] = field(default_factory=dict)
-
-    @property
-    def done(self) -> bool:
-        """Every injector has finished and every computation's low watermark reached END_OF_TIME: all
-        input was processed. (An idle injector has not finished: it may still send.)"""
-        return bool(self.computations) and all(c.low_watermark >= END_OF_TIME for c in self.computations.values()) \
-            and all(i.low_watermark >= END_OF_TIME for i in self.injectors.values())
-
-    @property
-    def pending_wall_timers(self) -> dict[str, int]:
-        """Computations with wall-time timers still pending, and the earliest one."""
-        return {n: c.next_wall_timer for n, c in self.computations.items() if c.next_wall_timer is not None}
 
 
 class SparkRunner:
@@ -196,45 +152,31 @@ class SparkRunner:
         self.feeds = Feeds(pipeline, self.storage, self.checkpoint_root, trigger_ms)
 
     def _create_or_check_layout(self) -> None:
-        """State is partitioned by key group, and a fused (weak) pair shares one checkpoint: a resumed
-        run must keep those. Computations may come and go (pipelines change while they run).
-        Construction only checks the layout (and creates it in a new root): it is rewritten by the
-        driver that holds the root (`claim`), never by one that may yet be refused."""
-        if self._check_layout() is None:
-            self.storage.create_json(LAYOUT_FILE, self._layout_record())
+        """Construction only checks the layout (layout.py) and creates it in a new root: it is
+        rewritten by the driver that holds the root (`claim`), never by one that may yet be refused."""
+        if not self._check_layout():
+            self.storage.create_json(LAYOUT_FILE, self._layout().record())
 
-    def _check_layout(self) -> dict[str, Any] | None:
-        """The stored layout, refused if this pipeline cannot run on it; its labels become this
-        runner's (a root from before labels existed keeps Spark's state under each key group's index)."""
-        key_groups = self.key_groups
-        stored: dict[str, Any] | None = self.storage.read_json(LAYOUT_FILE)
+    def _check_layout(self) -> bool:
+        """Whether the root holds a layout; refused if this pipeline cannot run on it. Its labels
+        become this runner's."""
+        stored = self.storage.read_json(LAYOUT_FILE)
         if stored is None:
-            return None
-        problems = []
-        if stored.get("format") != LAYOUT_FORMAT or stored.get("pipeline") != self.pipeline.name:
-            problems.append(f"it holds {stored.get('pipeline')!r} in layout format {stored.get('format')}")
-        elif stored["key_groups"] != key_groups:
-            problems.append(f"it has {stored['key_groups']} key groups, this run asks for {key_groups}")
-        else:
-            for name in self.pipeline.computations:
-                fused_into = self._fused_into.get(name)
-                if stored["fused_into"].get(name, fused_into) != fused_into:
-                    problems.append(f"computation {name!r} changed between weak and strong productions")
+            return False
+        problems = self._layout().refusals(stored)
         if problems:
             raise PipelineError(f"{self.storage.describe()} cannot run this pipeline: {'; '.join(problems)}. "
                                 "Use another root directory or delete this one to start over")
-        stored_labels = stored.get("group_labels", list(range(key_groups)))
-        self.group_labels = GroupLabels(tuple(stored_labels)) if stored_labels is not None else None
-        return stored
+        self.group_labels = RootLayout.from_record(stored).group_labels
+        return True
 
     def _write_layout(self) -> None:
-        self.storage.write_json(LAYOUT_FILE, self._layout_record())
+        self.storage.write_json(LAYOUT_FILE, self._layout().record())
 
-    def _layout_record(self) -> dict[str, Any]:
-        return {"format": LAYOUT_FORMAT, "pipeline": self.pipeline.name, "key_groups": self.key_groups,
-                "computations": sorted(self.pipeline.computations), "weak": sorted(self._fused_into),
-                "fused_into": {name: self._fused_into.get(name) for name in sorted(self.pipeline.computations)},
-                "group_labels": list(self.group_labels.labels) if self.group_labels is not None else None}
+    def _layout(self) -> RootLayout:
+        return RootLayout(self.pipeline.name, self.key_groups,
+                          {name: self._fused_into.get(name) for name in self.pipeline.computations},
+                          self.group_labels)
 
     def _choose_labels(self, parallelism: int) -> None:
         """A new root's key group labels (partitioning.py), chosen at its first start for the
@@ -654,39 +596,6 @@ class SparkRunner:
 def _copy_pipeline(pipeline: Pipeline) -> Pipeline:
     return Pipeline(pipeline.name, dict(pipeline.injectors), dict(pipeline.computations), dict(pipeline.sinks),
                     dict(pipeline.codecs))
-
-
-def read_progress(storage: Storage, computations: list[str], injectors: set[str]) -> PipelineProgress:
-    """A pipeline's progress from the status files its driver writes under the root: what
-    `SparkRunner.progress` returns, readable by any process (a command watching drivers it started)."""
-    result = PipelineProgress()
-    for name in computations:
-        status = storage.read_json(latest_status(name)) or {}
-        metrics = status.get("metrics", {})
-        result.computations[name] = ComputationProgress(
-            low_watermark=status.get("low_watermark", BEGINNING_OF_TIME),
-            input_watermark=status.get("input_watermark", BEGINNING_OF_TIME),
-            records=metrics.get("records", 0),
-            duplicates=metrics.get("duplicates", 0),
-            late=metrics.get("late", 0),
-            timers_fired=metrics.get("timers_fired", 0),
-            productions=metrics.get("productions", 0),
-            dead_letters=metrics.get("dead_letters", 0),
-            pending_timers=metrics.get("pending_timers", 0),
-            batches=status.get("batch", -1) + 1,
-            wall_ms=status.get("wall_ms", 0),
-            next_wall_timer=status.get("next_wall_timer"),
-            keyed_watermarks=status.get("keyed_watermarks", {}),
-        )
-        watermarks: dict[str, int] = {}
-        for sender, watermark in status.get("senders", {}).items():
-            producer = sender.split("/", 1)[1].split("#", 1)[0]
-            if producer in injectors:
-                watermarks[producer] = min(watermarks.get(producer, END_OF_TIME), watermark)
-        for producer, watermark in watermarks.items():
-            injector = result.injectors.setdefault(producer, InjectorProgress())
-            injector.low_watermark = max(injector.low_watermark, watermark)
-    return result
 
 
 def _last_published(log: PublicationLog) -> tuple[int, int]:

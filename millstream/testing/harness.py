@@ -24,7 +24,7 @@ from typing import Any, Iterable, cast
 from millstream.core.deadletters import dead_letter
 from millstream.core.production import Produced, output_order
 from millstream.core.executor import Delivery, KeyGroupExecutor, StepMetrics, inspect_key, key_or_dead_letter
-from millstream.core.plan import ComputationPlan, key_group, plan_computation
+from millstream.core.plan import ComputationPlan, key_group, plan_computation, sender_name
 from millstream.core.store import MemoryKeyStore
 from millstream.core.watermarks import (Segment, WatermarkCoalescer, output_keyed_watermarks, output_watermarks,
                                         published_keyed, too_far_ahead)
@@ -330,7 +330,7 @@ class PipelineHarness:
             # Malformed input becomes a dead letter once: published by the first consumer.
             point = _Point(list(produced), watermark, rejected if index == 0 else [], idle,
                            dict(self._keyed[(injector, partition)]))
-            sender = f"{node.stream}/{injector}#{partition}"
+            sender = sender_name(node.stream, injector, partition)
             self._pending.setdefault((consumer, sender), []).append(point)
 
     def _publish(self, producer: str, produced: list[Produced], watermark: int, idle: bool,

@@ -535,7 +535,7 @@ def _batch_times(spec: PhotonPipelineSpec) -> list[int]:
 
 
 def _progress(spec: PhotonPipelineSpec) -> Any:
-    from millstream.spark.runner import read_progress
+    from millstream.spark.progress import read_progress
     from millstream.spark.storage import Storage
 
     return read_progress(Storage(spec.layout.run_root), list(COMPUTATIONS), set(INJECTORS))
