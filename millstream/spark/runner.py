@@ -37,8 +37,8 @@ from millstream.spark.fencing import Lease, RootInUse, driver_info
 from millstream.spark.layout import RootLayout
 from millstream.spark.operator import FUSED_SCHEMA, OUTPUT_SCHEMA, FusedProducerProcessor, KeyGroupProcessor
 from millstream.spark.partitioning import GroupLabels, alignment
-from millstream.spark.publog import BATCH, CLAIM, Fenced, FencedWriter, PublicationLog
 from millstream.spark.progress import ComputationProgress, PipelineProgress, read_progress
+from millstream.spark.publog import BATCH, CLAIM, Fenced, FencedWriter, PublicationLog
 from millstream.spark.retention import DEFAULT_RETAIN_LOGS_S, LogRetention
 from millstream.spark.rootfiles import LAYOUT_FILE, history_dir, wake_file
 from millstream.spark.sinks import SinkDelivery, sink_deliverers
