@@ -154,6 +154,8 @@ def test_status_refuses_what_is_not_a_root(tmp_path):
     assert_refused(run("millstream", "status", str(tmp_path)), "holds no millstream pipeline")
     with pytest.raises(UsageError):
         read_root(str(tmp_path))
+    write(tmp_path / "pipeline.json", {**RootLayout("demo", 4, {"up": None}, None).record(), "format": 2})
+    assert_refused(run("millstream", "status", str(tmp_path)), "written by another version of millstream")
 
 
 def test_watch_follows_the_root_until_ctrl_c(tmp_path):

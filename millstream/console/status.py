@@ -30,7 +30,6 @@ from millstream.model.records import BEGINNING_OF_TIME, END_OF_TIME
 from millstream.spark.rootfiles import LAYOUT_FILE, history_dir, latest_status
 
 
-
 @dataclass
 class HistoryPoint:
     """One published batch of a computation."""
