@@ -218,6 +218,30 @@ def spark_session(master: str = "local[2]", conf: dict[str, str] | None = None, 
     return create_session(master, "millstream-bench", conf, log_path=os.path.join(SCRATCH, f"{log_name}.log"))
 
 
+def phase_means(progress: list[dict[str, Any]]) -> dict[str, float]:
+    """Mean durationMs per phase over the batches that read rows."""
+    items = [p for p in progress if p["rows"] > 0]
+    phases: dict[str, list[int]] = {}
+    for p in items:
+        for phase, ms in p["durationMs"].items():
+            phases.setdefault(phase, []).append(ms)
+    return {phase: round(sum(v) / len(v), 1) for phase, v in sorted(phases.items())} | {"batches": len(items)}
+
+
+def recent_progress(query: Any, last_batch: int = -1, limit_s: float = 10) -> list[dict[str, Any]]:
+    """A running query's progress per batch (Spark keeps its last 100), read once the batch
+    `last_batch` is among them (at most `limit_s`). Read from the query as JSON, after the timed part:
+    a Python listener would convert every event through py4j while the run is timed, which costs
+    the JVM CPU (docs/performance.md, "The JVM's Java code, sampled")."""
+    deadline = time.time() + limit_s
+    while True:
+        items = [{"batch": p.batchId, "rows": p.numInputRows, "durationMs": dict(p.durationMs)}
+                 for p in query.recentProgress]
+        if max((i["batch"] for i in items), default=-1) >= last_batch or time.time() > deadline:
+            return items
+        time.sleep(0.2)
+
+
 class ProgressCollector:
     """Collects StreamingQueryProgress of every query of a session, by query name."""
 
@@ -256,13 +280,7 @@ class ProgressCollector:
             return list(self.by_name.get(name, []))
 
     def breakdown(self, name: str) -> dict[str, float]:
-        """Mean durationMs per phase over the batches that read rows."""
-        items = [p for p in self.progress(name) if p["rows"] > 0]
-        phases: dict[str, list[int]] = {}
-        for p in items:
-            for phase, ms in p["durationMs"].items():
-                phases.setdefault(phase, []).append(ms)
-        return {phase: round(sum(v) / len(v), 1) for phase, v in sorted(phases.items())} | {"batches": len(items)}
+        return phase_means(self.progress(name))
 
     def close(self, spark: Any) -> None:
         spark.streams.removeListener(self.listener)

@@ -54,7 +54,7 @@ def one(master: str, parallelism: int, total: int, out: str) -> None:
     tag = master.replace("[", "").replace("]", "").replace(":", "").replace("/", "")[:12]
     spark = spark_session(master, conf, log_name=f"scaling-{tag}")
     warmup = warm_up(spark, KEYS, total, tag=f"scale{parallelism}", parallelism=parallelism)
-    runs = [run_millstream(spark, None, KEYS, total, timeout=3600, tag=f"scale{parallelism}run{n}",
+    runs = [run_millstream(spark, False, KEYS, total, timeout=3600, tag=f"scale{parallelism}run{n}",
                            parallelism=parallelism) for n in range(TIMED_RUNS)]
     expected = expected_windows(KEYS, total)
     matches = all(run.pop("_output") == expected for run in runs)

@@ -34,7 +34,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from typing import Any, Iterator
+from typing import Any
 
 from bench.common import (
     PROJECT_DIR,
@@ -51,7 +51,6 @@ from bench.common import (
 )
 from millstream import Computation, GeneratorInjector, Record, ValueState
 from millstream.model.injector import Offset
-from millstream.model.records import END_OF_TIME
 
 A = 2654435761  # odd and not a multiple of 5: coprime to every power-of-ten key count
 HOUR_MS = 3_600_000
@@ -243,7 +242,7 @@ def one(keys: int, per_batch: int, steady: int) -> dict:
     (cp_start, rest_start), (cp_end, rest_end) = dirs.at(start_s), dirs.at(end_s + 1)
     steady_records = steady
     return {
-        "keys": keys, "per_batch": per_batch, "steady_records": steady_records, "fill_batches": len(fill),
+        "keys": keys, "records_per_batch": per_batch, "steady_records": steady_records, "fill_batches": len(fill),
         "steady_s": round(end_s - start_s, 1),
         "records_per_s": round(steady_records / (end_s - start_s)),
         "batch_s_p50": round(percentile([b["published_s"] - a["published_s"]

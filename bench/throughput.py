@@ -28,11 +28,12 @@ from millstream.spark.source import DEFAULT_MAX_RECORDS_PER_BATCH
 from bench.common import (
     FirstRead,
     KeyedInjector,
-    ProgressCollector,
     cli,
     expected_windows,
     fresh_dir,
+    phase_means,
     published,
+    recent_progress,
     spark_session,
     wait_done,
     window_rows,
@@ -46,9 +47,10 @@ WARMUP_TOLERANCE = 0.05
 MAX_WARMUP_RUNS = 4
 
 
-def run_millstream(spark: Any, collector: ProgressCollector | None, keys: int, total: int, timeout: float,
+def run_millstream(spark: Any, with_progress: bool, keys: int, total: int, timeout: float,
                    tag: str = "", check: bool = True, **runner_args: Any) -> dict:
-    """One run of the Windower through SparkRunner; rates, phase durations and (with `check`) output."""
+    """One run of the Windower through SparkRunner; rates, (with `with_progress`) Spark's phase
+    durations and (with `check`) output."""
     from millstream.spark.runner import SparkRunner
 
     name = f"tp{keys}{tag}"
@@ -60,8 +62,12 @@ def run_millstream(spark: Any, collector: ProgressCollector | None, keys: int, t
     runner = SparkRunner(windower_pipeline(name, injector), root=os.path.join(root, "root"), spark=spark,
                          **runner_args)
     started = time.time()
+    progress = None
     try:
         wait_done(runner, timeout, f"millstream at {keys} keys")
+        if with_progress:
+            query = next(q for q in spark.streams.active if q.name == f"{name}.win")
+            progress = recent_progress(query, published(runner.root, "win")[-1]["batch"])
     finally:
         runner.stop()
     batches = published(runner.root, "win")
@@ -79,20 +85,14 @@ def run_millstream(spark: Any, collector: ProgressCollector | None, keys: int, t
         "start_to_first_read_s": round(first - started, 2), "total_s": round(time.time() - started, 1),
         "window": [first, end],
     }
-    if collector is not None:
-        query_name = f"{name}.win"
-        deadline = time.time() + 10  # progress events reach the listener a moment after the batch
-        while time.time() < deadline and max((p["batch"] for p in collector.progress(query_name)),
-                                             default=-1) < batches[-1]["batch"]:
-            time.sleep(0.2)
-        result["durationMs"] = collector.breakdown(query_name)
+    if progress is not None:
+        result["durationMs"] = phase_means(progress)
     if check:
         result["_output"] = window_rows(runner.read_stream("windows"))
     return result
 
 
-def run_baseline(spark: Any, collector: ProgressCollector, keys: int, total: int, expected_rows: int,
-                 timeout: float, tag: str = "") -> dict:
+def run_baseline(spark: Any, keys: int, total: int, expected_rows: int, timeout: float, tag: str = "") -> dict:
     root = fresh_dir(f"throughput-base-{keys}{tag}")
     first_read = os.path.join(root, "first-read")
     injector = KeyedInjector(keys, total, PARTITIONS, max_records_per_read=MAX_RECORDS_PER_BATCH,
@@ -114,6 +114,7 @@ def run_baseline(spark: Any, collector: ProgressCollector, keys: int, total: int
         deadline = time.time() + 120
         while baseline.last_output_commit(root) is None and time.time() < deadline:
             time.sleep(0.2)
+        progress = recent_progress(query, max(baseline.committed_files(root), default=-1))
     finally:
         query.stop()
     first = FirstRead(first_read).read()
@@ -121,7 +122,7 @@ def run_baseline(spark: Any, collector: ProgressCollector, keys: int, total: int
     assert first is not None and end is not None, "baseline: no first read or no committed output"
     return {"records": total, "e2e_s": round(end - first, 3), "records_per_s": round(total / (end - first)),
             "start_to_first_read_s": round(first - started, 2), "total_s": round(time.time() - started, 1),
-            "durationMs": collector.breakdown(name), "_output": baseline.read_output(root)}
+            "durationMs": phase_means(progress), "_output": baseline.read_output(root)}
 
 
 def warm_up(spark: Any, keys: int, total: int, tag: str = "", **runner_args: Any) -> list[int]:
@@ -129,7 +130,7 @@ def warm_up(spark: Any, keys: int, total: int, tag: str = "", **runner_args: Any
     (at most MAX_WARMUP_RUNS); their rates."""
     rates: list[int] = []
     while len(rates) < MAX_WARMUP_RUNS:
-        run = run_millstream(spark, None, keys, total, timeout=1800, tag=f"{tag}warmup{len(rates)}", check=False,
+        run = run_millstream(spark, False, keys, total, timeout=1800, tag=f"{tag}warmup{len(rates)}", check=False,
                              **runner_args)
         rates.append(run["records_per_s"])
         print(f"[throughput] {tag or 'millstream'} warm-up run {len(rates)}: {rates[-1]} rec/s", flush=True)
@@ -142,17 +143,16 @@ def main(quick: bool) -> dict:
     keys = 10_000
     total = 100_000 if quick else 1_000_000
     spark = spark_session(log_name="throughput")
-    collector = ProgressCollector(spark)
     # The hand-written job's warm-up first: run between millstream's warm-up and its timed run, it
     # slowed the timed run (docs/performance.md).
-    run_baseline(spark, collector, keys, total // 10, sum(expected_windows(keys, total // 10).values()),
-                 timeout=1800, tag="warmup")
+    run_baseline(spark, keys, total // 10, sum(expected_windows(keys, total // 10).values()), timeout=1800,
+                 tag="warmup")
     warmup_rates = warm_up(spark, keys, total)
     expected = expected_windows(keys, total)
     expected_rows = sum(expected.values())
-    ms = run_millstream(spark, collector, keys, total, timeout=1800)
+    ms = run_millstream(spark, True, keys, total, timeout=1800)
     ms["warmup_records_per_s"] = warmup_rates
-    base = run_baseline(spark, collector, keys, total, expected_rows, timeout=3600)
+    base = run_baseline(spark, keys, total, expected_rows, timeout=3600)
     ms_out, base_out = ms.pop("_output"), base.pop("_output")
     base_out = type(expected)(base_out)
     row = {
@@ -166,7 +166,6 @@ def main(quick: bool) -> dict:
     print(f"[throughput] keys={keys} records={total} millstream={ms['records_per_s']} rec/s "
           f"hand-written={base['records_per_s']} rec/s ratio={row['ratio']} identical={row['identical_output']}",
           flush=True)
-    collector.close(spark)
     return {"events_per_second": 10_000, "trigger_ms": TRIGGER_MS, "max_records_per_batch": MAX_RECORDS_PER_BATCH,
             "result": row}
 

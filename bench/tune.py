@@ -4,7 +4,7 @@ session, a warm-up run first; output checked against the exact answer in every r
 
 from __future__ import annotations
 
-from bench.common import ProgressCollector, cli, expected_windows, spark_session
+from bench.common import cli, expected_windows, spark_session
 from bench.throughput import run_millstream
 from millstream.spark.source import DEFAULT_MAX_RECORDS_PER_BATCH
 
@@ -19,16 +19,14 @@ def main(quick: bool) -> dict:
     if quick:
         settings = settings[:2]
     spark = spark_session(log_name="tune")
-    collector = ProgressCollector(spark)
-    run_millstream(spark, collector, 1_000, 20_000, timeout=900, tag="warmup", check=False)
+    run_millstream(spark, False, 1_000, 20_000, timeout=900, tag="warmup", check=False)
     expected = expected_windows(keys, total)
     rows = []
     for n, s in enumerate(settings):
-        r = run_millstream(spark, collector, keys, total, timeout=1800, tag=f"tune{n}", **s)
+        r = run_millstream(spark, True, keys, total, timeout=1800, tag=f"tune{n}", **s)
         r["matches_expected"] = r.pop("_output") == expected
         rows.append({**s, **r})
         print(f"[tune] {s} -> {r['records_per_s']} rec/s (output ok {r['matches_expected']})", flush=True)
-    collector.close(spark)
     return {"keys": keys, "records": total, "results": rows}
 
 
