@@ -1,6 +1,7 @@
 """The offline core on one core: the Windower through the executor exactly as the Spark operator
 drives it (bundled deliveries in, sorted into input order, one step per key group and batch against
-the in-memory key store), next to a plain-CPython Windower with a timer heap written for this
+the in-memory key store, through the operator's own `step_bundles` and so with its garbage-collector
+handling), next to a plain-CPython Windower with a timer heap written for this
 workload alone: the interpreter's own speed, what the core's overhead is measured against.
 
 Batches are the Spark runner's default cap (DEFAULT_MAX_RECORDS_PER_BATCH), so the core steps what
@@ -35,13 +36,13 @@ from functools import partial
 
 from bench.common import RESULTS_DIR, BatchWindower, KeyedRecords, KeyedWatermark, Windower, cli
 from millstream import Pipeline, ScriptedInjector
-from millstream.core.executor import KeyGroupExecutor
 from millstream.core.plan import key_group, plan_computation
 from millstream.core.store import MemoryKeyStore
 from millstream.core.watermarks import Segment
 from millstream.model.codecs import DEFAULT_CODEC
 from millstream.model.records import END_OF_TIME
-from millstream.spark.bundles import deliveries, pack, pack_productions, unpack, unpack_productions
+from millstream.spark.bundles import pack, pack_productions, unpack_productions
+from millstream.spark.operator import step_bundles
 from millstream.spark.source import DEFAULT_MAX_RECORDS_PER_BATCH
 
 KEY_GROUPS = 32
@@ -84,8 +85,8 @@ def run_core(keys: int, total: int, batch: int, profiler: cProfile.Profile | Non
         after = watermark(end) if end < total else END_OF_TIME
         segments = [Segment(before, after)]
         for group in range(KEY_GROUPS):
-            items = unpack(per_group.get(group))
-            result = KeyGroupExecutor(plan, stores[group]).step(deliveries(items, codecs), segments, 0)
+            bundle = per_group.get(group)
+            result = step_bundles(plan, stores[group], [bundle] if bundle else [], codecs, segments, 0)
             produced.append(pack_productions(result.productions))  # as the operator ships them
         before = after
     cpu, wall = time.process_time() - started, time.perf_counter() - started_wall

@@ -23,12 +23,14 @@ also sends key group g of B its heartbeat, carrying A's counters for the driver.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 from millstream.core.executor import ComputationFailed, KeyGroupExecutor, StepResult, key_or_dead_letter
 from millstream.core.garbage import bulk_work
 from millstream.core.plan import ComputationPlan, key_group
 from millstream.core.production import Produced
+from millstream.core.store import KeyStore
+from millstream.core.watermarks import Segment
 from millstream.model.computation import ComputationInfo
 from millstream.model.pipeline import DEAD_LETTERS
 from millstream.model.records import Record
@@ -109,18 +111,14 @@ class _GroupStep:
         self.codecs = {i.stream: i.codec for i in plan.inputs}
 
     def run(self, group: int, rows: Iterator[Any]) -> tuple[StepResult, int, BatchPlan, list[Any]]:
-        with bulk_work():  # the group's deliveries are unpacked and stepped at once (core/garbage.py)
-            return self._run(group, rows)
-
-    def _run(self, group: int, rows: Iterator[Any]) -> tuple[StepResult, int, BatchPlan, list[Any]]:
-        items: list[Any] = []
+        bundles: list[bytes] = []
         rejected: list[Any] = []
         upstream: list[Any] = []
         batch: bytes | None = None
         for row in rows:
             batch = row.plan
             if row.bundle:
-                items.extend(unpack(row.bundle))
+                bundles.append(row.bundle)
             if row.rejected:
                 rejected.extend(unpack_productions(row.rejected))
             reports = getattr(row, "reports", None)
@@ -129,13 +127,25 @@ class _GroupStep:
         plan = BatchPlan.loads(batch)  # type: ignore[arg-type]
         store = SparkKeyStore(self.head, self.chunks, self.namespace, group)
         try:
-            result = KeyGroupExecutor(self.plan, store).step(deliveries(items, self.codecs), plan.segments,
-                                                             plan.wall_time, rejected)
+            result = step_bundles(self.plan, store, bundles, self.codecs, plan.segments, plan.wall_time, rejected)
         except ComputationFailed as failure:
             report_failure(self.root, self.plan.name, str(failure))
             raise
-        WORKER_GARBAGE.settle()  # the daemon's collection after the task skips the caches
         return result, store.bytes_written, plan, upstream
+
+
+def step_bundles(plan: ComputationPlan, store: KeyStore, bundles: list[bytes], codecs: dict[str, Any],
+                 segments: Sequence[Segment], wall_time: int, rejected: Sequence[Produced] = ()) -> StepResult:
+    """A key group's step from its bundles, as every operator runs it (bench/core.py times this):
+    the bundles are unpacked and stepped with the collector held back (core/garbage.py), and what
+    is alive afterwards is frozen, so the daemon's collection after the task skips the caches."""
+    with bulk_work():
+        items: list[DeliveryItem] = []
+        for bundle in bundles:
+            items.extend(unpack(bundle))
+        result = KeyGroupExecutor(plan, store).step(deliveries(items, codecs), segments, wall_time, rejected)
+        WORKER_GARBAGE.settle()
+    return result
 
 
 class KeyGroupProcessor(StatefulProcessor):
