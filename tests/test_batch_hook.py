@@ -78,3 +78,35 @@ def test_a_failing_batch_call_sends_its_records_to_dead_letters():
     assert [(r.key, r.value) for r in h.output("out")] == [("b", "ok")]
     assert sorted(d["record_id"] for d in h.dead_letters()) == ["a1", "a2"]
     assert {d["error"] for d in h.dead_letters()} == {"ValueError: bad batch"}
+
+
+def test_the_batch_hook_counts_duplicates_and_late_records_as_per_record_calls_do():
+    # Step i injects its records with watermark 100 * i: a record behind the previous step's
+    # watermark is late; an id injected before is a duplicate and reaches no user code.
+    rng = random.Random(7)
+    steps, sent, expected_late, expected_duplicates = [], [], 0, 0
+    for i in range(12):
+        records = []
+        for _ in range(rng.randrange(1, 12)):
+            if sent and rng.random() < 0.25:
+                records.append(rng.choice(sent))  # the same record again
+                expected_duplicates += 1
+                continue
+            timestamp = 100 * i + rng.randrange(-250, 100)
+            record = Record(f"k{rng.randrange(3)}", None, timestamp, f"r{len(sent)}")
+            sent.append(record)
+            expected_late += timestamp < 100 * (i - 1) and i > 0
+            records.append(record)
+        steps.append((records, 100 * i))
+
+    def metrics(computation):
+        p = (Pipeline("p").add_injector("src", ScriptedInjector("src", steps), "in")
+             .add_computation("win", computation, ["in"], ["windows"]))
+        h = PipelineHarness(p)
+        h.run_injectors()
+        m = h.metrics("win")
+        return m.records, m.duplicates, m.late
+
+    batched = Batched()
+    assert metrics(batched) == metrics(PerRecord()) == (len(sent), expected_duplicates, expected_late)
+    assert max(batched.calls) > 1

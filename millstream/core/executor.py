@@ -374,73 +374,66 @@ class _KeyStep:
             raise _StateFlushFailed(str(error)) from error
         state.end_step()
 
-    def admit(self, delivery: Delivery, j: int) -> bool:
-        """Dedup and counters for one delivery; False for a duplicate."""
-        record = delivery.record
-        if delivery.dedup:
-            rid = record.id
-            if rid in self.seen or self.store.seen(self.key, rid):
-                self.metrics.duplicates += 1
-                return False
-            # Kept until the watermark has moved a horizon past the later of the point's advanced
-            # watermark and the record's time: never forgotten in the step that read it.
-            advanced = self.segments[j].advanced_to
-            self.seen[rid] = advanced if advanced > record.timestamp else record.timestamp
-        self.metrics.records += 1
-        return True
+    def admitted(self, items: Sequence[tuple[int, Delivery]], j: int) -> list[tuple[int, Delivery]]:
+        """The key's records of input point j that reach user code: neither skipped (dead-lettered
+        in an earlier run of this step) nor duplicates of injected records already seen. Counts
+        records, duplicates and late records."""
+        low_watermark, advanced = self.segments[j][:2]
+        skip, seen, key, store_seen = self.skip_items, self.seen, self.key, self.store.seen
+        admitted: list[tuple[int, Delivery]] = []
+        late = duplicates = 0
+        for item in items:
+            if skip and item[0] in skip:
+                continue
+            record = item[1].record
+            timestamp = record.timestamp
+            if item[1].dedup:
+                rid = record.id
+                if rid in seen or store_seen(key, rid):
+                    duplicates += 1
+                    continue
+                # Kept until the watermark has moved a horizon past the later of the point's
+                # advanced watermark and the record's time: never forgotten in the step that read it.
+                seen[rid] = advanced if advanced > timestamp else timestamp
+            late += timestamp < low_watermark
+            admitted.append(item)
+        metrics = self.metrics
+        metrics.records += len(admitted)
+        metrics.duplicates += duplicates
+        metrics.late += late
+        return admitted
 
     def deliver_each(self, items: Sequence[tuple[int, Delivery]], j: int) -> None:
-        """process_record for each of the key's records of input point j (admit and _begin inlined:
+        """process_record for each of the key's admitted records of input point j (_begin inlined:
         this is the per-record hot path)."""
         state, ctx, plan = self.state, self.ctx, self.plan
         process_record = plan.computation.process_record
         low_watermark, advanced, inputs = self.segments[j][:3]
-        skip, seen, key, flush_each = self.skip_items, self.seen, self.key, self.flush_each
-        store_seen = self.store.seen
+        flush_each = self.flush_each
         # What every invocation of this point shares (see _Invocation._begin).
         ctx._low_watermark, ctx._segment, ctx._advanced, ctx._inputs, ctx._after = (
             low_watermark, j, advanced, inputs, False)
-        records = duplicates = late_count = 0
-        try:
-            for index, delivery in items:
-                if skip and index in skip:
-                    continue
-                record = delivery.record
-                timestamp = record.timestamp
-                if delivery.dedup:  # admit(), inlined
-                    rid = record.id
-                    if rid in seen or store_seen(key, rid):
-                        duplicates += 1
-                        continue
-                    seen[rid] = advanced if advanced > timestamp else timestamp
-                records += 1
-                late = timestamp < low_watermark
-                late_count += late
-                stream = delivery.stream
-                cause = f"r\x1f{stream}\x1f{record.id}"  # record_cause()
-                ctx._cause = ctx._setter = cause
-                ctx._stream, ctx._late, ctx._produced = stream, late, 0
-                try:
-                    process_record(ctx, record)
-                    if flush_each:
-                        state.flush(plan.state_specs)
-                except Exception as error:
-                    raise _UserFailure(error, items=(index,), segment=j) from error
-        finally:
-            metrics = self.metrics
-            metrics.records += records
-            metrics.duplicates += duplicates
-            metrics.late += late_count
+        for index, delivery in self.admitted(items, j):
+            record = delivery.record
+            stream = delivery.stream
+            cause = f"r\x1f{stream}\x1f{record.id}"  # record_cause()
+            ctx._cause = ctx._setter = cause
+            ctx._stream, ctx._late, ctx._produced = stream, record.timestamp < low_watermark, 0
+            try:
+                process_record(ctx, record)
+                if flush_each:
+                    state.flush(plan.state_specs)
+            except Exception as error:
+                raise _UserFailure(error, items=(index,), segment=j) from error
 
     def deliver_batch(self, items: Sequence[tuple[int, Delivery]], j: int) -> None:
-        """process_records: the key's records of one input point in one call."""
-        admitted = [(index, d) for index, d in items if index not in self.skip_items and self.admit(d, j)]
+        """process_records: the key's admitted records of one input point in one call."""
+        admitted = self.admitted(items, j)
         if not admitted:
             return
         low_watermark, advanced, inputs = self.segments[j][:3]
-        records = [d.record for _, d in admitted]
-        self.metrics.late += sum(1 for r in records if r.timestamp < low_watermark)
         first = admitted[0][1]
+        records = [delivery.record for _, delivery in admitted]
         cause = record_cause(first.stream, first.record.id)
         self.ctx._begin(cause, cause, first.stream, False, low_watermark, j, advanced, inputs)
         try:
@@ -448,7 +441,7 @@ class _KeyStep:
             if self.flush_each:
                 self.state.flush(self.plan.state_specs)
         except Exception as error:
-            raise _UserFailure(error, items=tuple(i for i, _ in admitted), segment=j) from error
+            raise _UserFailure(error, items=tuple(index for index, _ in admitted), segment=j) from error
 
     def fire(self, low_watermark: int, boundary: int, wall: bool = False) -> None:
         """Fire the key's timers due by `low_watermark` (and by the wall clock, with `wall`) in
