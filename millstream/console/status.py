@@ -27,7 +27,7 @@ from typing import Any, Sequence
 from millstream.console.options import UsageError
 from millstream.core.plan import producer_of
 from millstream.model.records import BEGINNING_OF_TIME, END_OF_TIME
-from millstream.spark.rootfiles import LAYOUT_FILE, history_dir, latest_status
+from millstream.spark.rootfiles import LAYOUT_FILE, latest_status, read_status_history
 
 
 @dataclass
@@ -124,18 +124,9 @@ def read_root(root: str, with_history: bool = True) -> RootView:
 
 
 def _history(storage: Any, computation: str) -> list[HistoryPoint]:
-    points = []
-    history = storage.child(history_dir(computation))
-    for name in sorted(history.list("")):
-        if not name.endswith(".json"):
-            continue
-        entry = history.read_json(name)
-        if not entry:
-            continue
-        metrics = entry.get("metrics") or {}
-        points.append(HistoryPoint(entry.get("batch", -1), entry.get("wall_ms", 0),
-                                   entry.get("low_watermark", BEGINNING_OF_TIME), metrics.get("records")))
-    return points
+    return [HistoryPoint(entry.get("batch", -1), entry.get("wall_ms", 0), entry.get("low_watermark", BEGINNING_OF_TIME),
+                         (entry.get("metrics") or {}).get("records"))
+            for entry in read_status_history(storage, computation)]
 
 
 # -- the table --------------------------------------------------------------------------------------

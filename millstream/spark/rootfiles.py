@@ -1,5 +1,6 @@
 """The names of the files a pipeline root holds that more than one part of millstream reads: spelled
-here once. Plain strings and no imports, so the console can name them without loading Spark.
+here once. Plain strings and no imports from millstream, so the console can name them without loading
+Spark.
 
     pipeline.json                                the layout: computations, key groups, labels
                                                  (written first into every root: it marks a root)
@@ -14,6 +15,8 @@ here once. Plain strings and no imports, so the console can name them without lo
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 LAYOUT_FILE = "pipeline.json"
 
@@ -36,3 +39,11 @@ def status_history(computation: str, batch: int) -> str:
 
 def wake_file(computation: str) -> str:
     return f"{status_dir(computation)}/wake.json"
+
+
+def read_status_history(storage: Any, computation: str) -> list[dict[str, Any]]:
+    """The computation's history lines, oldest first. `storage`: a spark.storage.Storage at the root
+    (passed in, so this module needs no import of it)."""
+    history = storage.child(history_dir(computation))
+    entries = (history.read_json(name) for name in sorted(history.list("")) if name.endswith(".json"))
+    return [entry for entry in entries if entry]

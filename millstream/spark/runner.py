@@ -40,7 +40,7 @@ from millstream.spark.partitioning import GroupLabels, alignment
 from millstream.spark.progress import ComputationProgress, PipelineProgress, read_progress
 from millstream.spark.publog import BATCH, CLAIM, Fenced, FencedWriter, PublicationLog
 from millstream.spark.retention import DEFAULT_RETAIN_LOGS_S, LogRetention
-from millstream.spark.rootfiles import LAYOUT_FILE, history_dir, wake_file
+from millstream.spark.rootfiles import LAYOUT_FILE, read_status_history, wake_file
 from millstream.spark.sinks import SinkDelivery, sink_deliverers
 from millstream.spark.source import DEFAULT_MAX_RECORDS_PER_BATCH, LOG_SCHEMA, Sender, SourcePlan, source_for
 from millstream.spark.storage import Storage, check_no_credentials, is_local
@@ -566,9 +566,7 @@ class SparkRunner:
 
     def watermark_history(self, computation: str) -> list[dict[str, int]]:
         """(batch, low_watermark, input_watermark, wall_ms) per published batch, oldest first."""
-        history = self.storage.child(history_dir(computation))
-        entries = (history.read_json(name) for name in history.list("") if name.endswith(".json"))
-        return [entry for entry in entries if entry is not None]
+        return read_status_history(self.storage, computation)
 
     def read_stream(self, stream: str) -> list[Record[Any]]:
         """Every published record of a stream produced by computations, decoded."""
