@@ -133,7 +133,7 @@ class WorkerGarbage:
     >>> gc.unfreeze()
     """
 
-    def __init__(self, spacing: float = 20.0, min_gap_s: float = 1.0, clock: Any = time.process_time) -> None:
+    def __init__(self, spacing: float = 100.0, min_gap_s: float = 1.0, clock: Any = time.process_time) -> None:
         self.spacing, self.min_gap_s, self.clock = spacing, min_gap_s, clock
         self.next_full_at: float | None = None
 
