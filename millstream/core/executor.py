@@ -459,45 +459,56 @@ class _KeyStep:
         lw = low_watermark
         keyed_at = {name: after for name, _, after in segments[boundary].keyed}  # keyed timers fire by these
         wall_time = self.wall_time if wall else -END_OF_TIME - 1
-        key, flush_each, metrics = self.key, self.flush_each, self.metrics
-        while True:
-            timers = state.timers
-            due = sorted([(timer[0], tag) for tag, timer in timers.items()
-                          if timer[0] <= (wall_time if timer[1] else
-                                          keyed_at.get(timer[3], BEGINNING_OF_TIME) if timer[3] else lw)])
-            if not due:
-                return
-            version = state.timer_version
-            for _, tag in due:
-                if self.firings >= MAX_TIMER_FIRINGS_PER_STEP:
-                    raise ComputationError(
-                        f"computation {plan.name!r}, key {key!r}: more than {MAX_TIMER_FIRINGS_PER_STEP} "
-                        "timers fired in one step; a timer that re-sets itself at or behind the low watermark "
-                        "fires again at once, forever"
-                    )
-                self.firings += 1
-                time, wall_timer, setter, watermark_key = timers.pop(tag)
-                point = boundary if (wall_timer or single) else self.timer_point(tag, time, boundary, watermark_key)
-                if skip and (tag, time, setter) in skip:
-                    continue
-                metrics.timers_fired += 1
-                at = segments[point].advanced_to
-                # _begin(), inlined
-                ctx._cause, ctx._setter, ctx._stream, ctx._late, ctx._produced = (
-                    f"t\x1f{key}\x1f{tag}\x1f{time}\x1f{setter}", None, None, False, 0)  # timer_cause()
-                ctx._low_watermark, ctx._segment, ctx._advanced, ctx._inputs, ctx._after = (
-                    at, point, at, segments[point].inputs, True)
-                try:
-                    process_timer(ctx, _new_tuple(Timer, (time, tag, _WALL if wall_timer else _LOW_WATERMARK,
-                                                          watermark_key or None)))
-                    if flush_each:
-                        state.flush(plan.state_specs)
-                except Exception as error:
-                    raise _UserFailure(error, timer=(tag, time, setter), segment=point) from error
-                if state.timer_version != version:
-                    break  # user code changed the key's timers: take the order again
-            else:
-                return
+        key, flush_each = self.key, self.flush_each
+        # What every firing shares (_begin, inlined: this is the per-timer hot path); the fields of
+        # the input point a firing belongs to are set when the point changes.
+        ctx._stream, ctx._late, ctx._after = None, False, True
+        current = -1
+        fired, counted = self.firings, 0
+        try:
+            while True:
+                timers = state.timers
+                due = sorted([(timer[0], tag) for tag, timer in timers.items()
+                              if timer[0] <= (wall_time if timer[1] else
+                                              keyed_at.get(timer[3], BEGINNING_OF_TIME) if timer[3] else lw)])
+                if not due:
+                    return
+                version = state.timer_version
+                for _, tag in due:
+                    if fired >= MAX_TIMER_FIRINGS_PER_STEP:
+                        raise ComputationError(
+                            f"computation {plan.name!r}, key {key!r}: more than {MAX_TIMER_FIRINGS_PER_STEP} "
+                            "timers fired in one step; a timer that re-sets itself at or behind the low "
+                            "watermark fires again at once, forever"
+                        )
+                    fired += 1
+                    time, wall_timer, setter, watermark_key = timers.pop(tag)
+                    point = boundary if (wall_timer or single) else self.timer_point(tag, time, boundary,
+                                                                                     watermark_key)
+                    if skip and (tag, time, setter) in skip:
+                        continue
+                    counted += 1
+                    if point != current:
+                        current = point
+                        at = segments[point].advanced_to
+                        ctx._low_watermark, ctx._segment, ctx._advanced, ctx._inputs = (
+                            at, point, at, segments[point].inputs)
+                    ctx._cause, ctx._setter, ctx._produced = (
+                        f"t\x1f{key}\x1f{tag}\x1f{time}\x1f{setter}", None, 0)  # timer_cause()
+                    try:
+                        process_timer(ctx, _new_tuple(Timer, (time, tag, _WALL if wall_timer else _LOW_WATERMARK,
+                                                              watermark_key or None)))
+                        if flush_each:
+                            state.flush(plan.state_specs)
+                    except Exception as error:
+                        raise _UserFailure(error, timer=(tag, time, setter), segment=point) from error
+                    if state.timer_version != version:
+                        break  # user code changed the key's timers: take the order again
+                else:
+                    return
+        finally:
+            self.firings = fired
+            self.metrics.timers_fired += counted
 
     def timer_point(self, tag: str, time: int, boundary: int, watermark_key: str = "") -> int:
         """The input point a low-watermark firing belongs to: the first one whose advanced watermark
