@@ -16,7 +16,6 @@ on schedule whether or not the key sees records again.
 from __future__ import annotations
 
 import pickle
-from functools import partial
 from typing import Any, Iterator, NamedTuple
 
 from millstream.model.codecs import Codec, CodecError
@@ -24,18 +23,18 @@ from millstream.model.records import TimeDomain, Timer
 from millstream.model.state import ListState, MapState, StateSpec, ValueState
 
 _ABSENT: Any = object()
-_new_tuple = tuple.__new__  # a NamedTuple without its Python-level __new__
 _REMOVED: Any = object()
 
 
 class PendingTimer(NamedTuple):
+    """A pending timer's fields. `KeyState.timers` holds them as a plain tuple in this order: a
+    key sets a timer per record in common pipelines, and a tuple subclass costs several times as
+    much to build. (The class stays for reading blobs that stored instances of it.)"""
+
     time: int
     wall: bool  # True: wall-time domain
     setter: str  # the cause that set it: part of the firing's identity (and its productions' ids)
     watermark: str = ""  # the watermark key it follows ("": the low watermark)
-
-
-_as_pending_timer = partial(tuple.__new__, PendingTimer)
 
 
 class KeyState:
@@ -46,17 +45,16 @@ class KeyState:
     def __init__(self) -> None:
         self.values: dict[str, Any] = {}  # state name -> bytes | list[bytes] | dict[bytes, bytes]
         self.written: dict[str, int] = {}  # state name -> watermark at its last write (TTL'd states)
-        self.timers: dict[str, PendingTimer] = {}  # tag -> pending timer
+        self.timers: dict[str, tuple[int, bool, str, str]] = {}  # tag -> a PendingTimer's fields
         self.timer_version = 0  # counts changes to `timers` by user code (set, delete, clear)
         self._live: dict[str, Any] = {}  # state name -> cell decoded this step
         self._boundary: dict[str, int] = {}  # tag -> first boundary a timer set this step may fire at
 
     # -- persistence ---------------------------------------------------------------------------
     def dumps(self) -> bytes:
-        # Timers as parallel lists of tags and plain tuples: pickle reduces a NamedTuple through a
-        # Python-level call per item, a plain tuple in C.
+        # Timers as parallel lists of tags and their tuples.
         timers = self.timers
-        return pickle.dumps((self.values, self.written, list(timers), list(map(tuple, timers.values()))), protocol=5)
+        return pickle.dumps((self.values, self.written, list(timers), list(timers.values())), protocol=5)
 
     @classmethod
     def loads(cls, blob: bytes) -> "KeyState":
@@ -64,11 +62,13 @@ class KeyState:
         loaded = pickle.loads(blob)
         if len(loaded) == 4:
             state.values, state.written, tags, timers = loaded
-            state.timers = dict(zip(tags, map(_as_pending_timer, timers)))
+            state.timers = dict(zip(tags, timers))
             return state
         # Blobs written before timers were stored as parallel lists: a dict of timers.
         state.values, state.written, by_tag = loaded
-        state.timers = {tag: PendingTimer(*t) for tag, t in by_tag.items()}
+        for tag, fields in by_tag.items():
+            timer = PendingTimer(*fields)  # 3 fields before keyed watermarks
+            state.timers[tag] = (timer.time, timer.wall, timer.setter, timer.watermark)
         return state
 
     def is_empty(self) -> bool:
@@ -134,7 +134,7 @@ class KeyState:
 
     # -- timers --------------------------------------------------------------------------------
     def set_timer(self, tag: str, time: int, wall: bool, setter: str, boundary: int, watermark: str = "") -> None:
-        self.timers[tag] = _new_tuple(PendingTimer, (time, wall, setter, watermark))
+        self.timers[tag] = (time, wall, setter, watermark)
         self._boundary[tag] = boundary
         self.timer_version += 1
 
@@ -151,14 +151,14 @@ class KeyState:
         work: a user timer or an expiring state value."""
         lw = wall = None
         keyed: dict[str, int] = {}
-        for timer in self.timers.values():
-            if timer.wall:
-                wall = timer.time if wall is None or timer.time < wall else wall
-            elif timer.watermark:
-                known = keyed.get(timer.watermark)
-                keyed[timer.watermark] = timer.time if known is None or timer.time < known else known
-            elif lw is None or timer.time < lw:
-                lw = timer.time
+        for time, in_wall_time, _, watermark in self.timers.values():
+            if in_wall_time:
+                wall = time if wall is None or time < wall else wall
+            elif watermark:
+                known = keyed.get(watermark)
+                keyed[watermark] = time if known is None or time < known else known
+            elif lw is None or time < lw:
+                lw = time
         for name, mark in self.written.items():
             expiry = mark + ttls[name] + 1
             lw = expiry if lw is None or expiry < lw else lw
@@ -171,9 +171,8 @@ class KeyState:
                 self.drop(name)
 
     def user_timers(self) -> list[Timer]:
-        return sorted(Timer(t.time, tag, TimeDomain.WALL_TIME if t.wall else TimeDomain.LOW_WATERMARK,
-                            t.watermark or None)
-                      for tag, t in self.timers.items())
+        return sorted(Timer(time, tag, TimeDomain.WALL_TIME if wall else TimeDomain.LOW_WATERMARK, watermark or None)
+                      for tag, (time, wall, _, watermark) in self.timers.items())
 
 
 _IMMUTABLE = (int, float, str, bool, bytes, type(None))
