@@ -87,7 +87,7 @@ def run_core(keys: int, total: int, batch: int, profiler: cProfile.Profile | Non
         for group in range(KEY_GROUPS):
             bundle = per_group.get(group)
             result = step_bundles(plan, stores[group], [bundle] if bundle else [], codecs, segments, 0)
-            produced.append(pack_productions(result.productions))  # as the operator ships them
+            produced.append(pack_productions(result.rows))  # as the operator ships them
         before = after
     cpu, wall = time.process_time() - started, time.perf_counter() - started_wall
     if profiler is not None:

@@ -33,7 +33,7 @@ import xxhash
 
 from millstream.core.deadletters import dead_letter, describe_error, user_traceback
 from millstream.core.garbage import bulk_work
-from millstream.core.production import Produced, order_base
+from millstream.core.production import Produced, ProductionRow, as_produced, order_base
 from millstream.core.keystate import KeyState, decoded_value
 from millstream.core.plan import ComputationPlan, InputPlan, KeyExtractionError
 from millstream.core.store import KeyStore, StoredKey
@@ -102,9 +102,13 @@ class StepMetrics:
 
 @dataclass
 class StepResult:
-    productions: list[Produced]
+    rows: list[ProductionRow]  # the step's productions, in the order made, as rows
     wake_wall: int | None  # earliest wall-time timer still pending in the key group
     metrics: StepMetrics = field(default_factory=StepMetrics)
+
+    @property
+    def productions(self) -> list[Produced]:
+        return list(map(as_produced, self.rows))
 
 
 class _UserFailure(Exception):
@@ -127,7 +131,7 @@ class _Invocation:
                  "_cause", "_setter", "_produced", "_out", "_segment", "_handles", "_order", "_advanced",
                  "_inputs", "_after", "_by_spec", "_name", "_codecs", "_segments", "_last_spec", "_last_handle")
 
-    def __init__(self, plan: ComputationPlan, state: KeyState, key: str, wall_time: int, out: list[Produced],
+    def __init__(self, plan: ComputationPlan, state: KeyState, key: str, wall_time: int, out: list[ProductionRow],
                  segments: Sequence[Segment] = ()) -> None:
         self._plan = plan
         self._segments = segments  # the step's input points (keyed watermarks are read from them)
@@ -283,8 +287,7 @@ class _Invocation:
         record_id = _hex128(f"{self._name}\x1f{self._cause}\x1f{produced}".encode())[:24]
         self._produced = produced + 1
         order = self._order
-        self._out.append(_new_tuple(Produced, (stream, record.key, value, record.timestamp, record_id, self._segment,
-                                               order)))
+        self._out.append((stream, record.key, value, record.timestamp, record_id, self._segment, order))
         self._order = order + 1
 
     def _bad_production(self, record: Any, stream: str) -> None:
@@ -341,7 +344,7 @@ class _KeyStep:
         self.segments = segments
         self.advanced = executor.advanced
         self.wall_time = wall_time
-        self.out: list[Produced] = []
+        self.out: list[ProductionRow] = []
         self.metrics = StepMetrics()
         self.skip_items, self.skip_timers, self.flush_each = skip_items, skip_timers, flush_each
         self.store = executor.store
@@ -561,7 +564,7 @@ class KeyGroupExecutor:
         known = set(keys)
         keys.extend(k for k in self.store.due(last, wall_time, segments[-1].keyed_after()) if k not in known)
         blobs = self.store.load(keys)
-        out: list[Produced] = list(passthrough)
+        out: list[ProductionRow] = list(map(tuple, passthrough))  # type: ignore[arg-type]
         metrics = StepMetrics(dead_letters=len(passthrough))
         changes: dict[str, StoredKey | None] = {}
         seen: list[tuple[str, str, int]] = []
@@ -582,7 +585,8 @@ class KeyGroupExecutor:
         return StepResult(out, self.store.next_wall_time(), metrics)
 
     def _key_step(self, key: str, items: Sequence[tuple[int, Delivery]], blob: bytes | None,
-                  segments: Sequence[Segment], wall_time: int, out: list[Produced], metrics: StepMetrics) -> _KeyStep:
+                  segments: Sequence[Segment], wall_time: int, out: list[ProductionRow],
+                  metrics: StepMetrics) -> _KeyStep:
         """The key's step, run again without each failing input under the dead_letter policy."""
         skip_items: set[int] = set()
         skip_timers: set[tuple[str, int, str]] = set()
@@ -601,7 +605,7 @@ class KeyGroupExecutor:
                 if self.plan.on_error is ErrorPolicy.FAIL:
                     raise ComputationFailed(self._failure_message(key, failed[0], failure)) from None
                 for delivery in failed:
-                    out.append(self._dead_letter(key, delivery, failure))
+                    out.append(tuple(self._dead_letter(key, delivery, failure)))  # type: ignore[arg-type]
                     metrics.dead_letters += 1
                 skip_items.update(failure.items)
                 if failure.timer is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from operator import attrgetter
 from typing import NamedTuple
 
@@ -25,6 +26,11 @@ class Produced(NamedTuple):
     segment: int
     order: int
 
+
+# Produced's fields as a plain tuple: what a step collects and bundles carry. A step builds one per
+# production, and a tuple subclass costs several times as much to build (and to pickle).
+ProductionRow = tuple[str, str, bytes, int, str, int, int]
+as_produced = partial(tuple.__new__, Produced)  # a row as a Produced, built in C
 
 # A producer's output in the order its consumers take it: (segment, order).
 output_order = attrgetter("segment", "order")

@@ -15,13 +15,12 @@ written and read by the same code version, so pickle (fast, and exact for str, b
 from __future__ import annotations
 
 import pickle
-from functools import partial
 from operator import itemgetter
 from typing import Any, Sequence
 
 from millstream.core import flatpickle
 from millstream.core.executor import Delivery
-from millstream.core.production import Produced
+from millstream.core.production import Produced, ProductionRow, as_produced
 from millstream.model.records import Record
 
 BUNDLE_RECORDS = 4096
@@ -49,14 +48,11 @@ def unpack(bundle: bytes | None) -> list[Any]:
     return pickle.loads(bundle) if bundle else []
 
 
-# Pickle reduces a NamedTuple through a Python-level call per item, a plain tuple in C: productions
-# travel as plain tuples and become Produced again in C (tuple.__new__), several times faster.
-_as_produced = partial(tuple.__new__, Produced)
-
-
-def pack_productions(items: Sequence[Produced]) -> bytes:
+def pack_productions(items: Sequence[Produced | ProductionRow]) -> bytes:
+    """Productions, or a step's rows of them, as one bundle. Pickle reduces a NamedTuple through a
+    Python-level call per item, a plain tuple in C: they travel as rows (production.ProductionRow)."""
     return flatpickle.dumps(list(map(tuple, items)))
 
 
 def unpack_productions(bundle: bytes | None) -> list[Produced]:
-    return list(map(_as_produced, pickle.loads(bundle))) if bundle else []
+    return list(map(as_produced, pickle.loads(bundle))) if bundle else []

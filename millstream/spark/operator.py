@@ -85,7 +85,7 @@ def group_report(plan: ComputationPlan, group: int, result: StepResult, bytes_wr
 def output_rows(plan: ComputationPlan, group: int, result: StepResult, bytes_written: int,
                 upstream_reports: bytes | None) -> Iterator[Any]:
     """The group's productions in bundles; the first row carries the step's counters."""
-    productions = result.productions
+    productions = result.rows
     metrics = result.metrics
     first = True
     for start in range(0, max(len(productions), 1), BUNDLE_RECORDS):
