@@ -235,9 +235,9 @@ class _Invocation:
                   watermark: str | None = None) -> None:
         if type(tag) is not str or type(time) is not int or not -END_OF_TIME <= time <= END_OF_TIME:
             self._bad_timer(tag, time)
-        if domain is TimeDomain.LOW_WATERMARK:
+        if domain is _LOW_WATERMARK:  # a module constant: an enum member's attribute lookup costs more
             wall = False
-        elif domain is TimeDomain.WALL_TIME or domain == TimeDomain.WALL_TIME.value:
+        elif domain is _WALL or domain == TimeDomain.WALL_TIME.value:
             wall = True
         elif domain == TimeDomain.LOW_WATERMARK.value:
             wall = False
@@ -347,8 +347,8 @@ class _KeyStep:
         self.out: list[ProductionRow] = []
         self.metrics = StepMetrics()
         self.skip_items, self.skip_timers, self.flush_each = skip_items, skip_timers, flush_each
-        self.store = executor.store
         self.seen: dict[str, int] = {}  # ids of injected records this step, with their marks
+        self.seen_before = executor.store.seen_ids()  # (key, id) of those of earlier steps
         self.ctx = _Invocation(self.plan, self.state, key, wall_time, self.out, segments)
         self.keyed_advanced = executor.keyed_advanced
         self.firings = 0
@@ -382,7 +382,7 @@ class _KeyStep:
         in an earlier run of this step) nor duplicates of injected records already seen. Counts
         records, duplicates and late records."""
         low_watermark, advanced = self.segments[j][:2]
-        skip, seen, key, store_seen = self.skip_items, self.seen, self.key, self.store.seen
+        skip, seen, key, seen_before = self.skip_items, self.seen, self.key, self.seen_before
         admitted: list[tuple[int, Delivery]] = []
         late = duplicates = 0
         for item in items:
@@ -392,7 +392,7 @@ class _KeyStep:
             timestamp = record.timestamp
             if item[1].dedup:
                 rid = record.id
-                if rid in seen or store_seen(key, rid):
+                if rid in seen or (key, rid) in seen_before:
                     duplicates += 1
                     continue
                 # Kept until the watermark has moved a horizon past the later of the point's

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import heapq
 from functools import partial
-from typing import Callable, Iterable, Iterator, Mapping, NamedTuple, Protocol
+from typing import Callable, Container, Iterable, Iterator, Mapping, NamedTuple, Protocol
 
 from millstream.core.dedup import DedupIndex
 
@@ -32,8 +32,9 @@ class KeyStore(Protocol):
         wake-up on a keyed watermark <= that key's watermark in `keyed`."""
         ...
 
-    def seen(self, key: str, record_id: str) -> bool:
-        """Whether the key group has seen this injected record (dedup index)."""
+    def seen_ids(self) -> Container[tuple[str, str]]:
+        """The (key, record id) pairs of injected records the key group has seen (dedup index), for
+        `in` tests: a step tests each injected record, so the test is one lookup, not a call."""
         ...
 
     def save(self, changes: dict[str, StoredKey | None], seen: list[tuple[str, str, int]], low_watermark: int,
@@ -81,8 +82,8 @@ class MemoryKeyStore:
                 heapq.heappush(heap, entry)
         return sorted(found)
 
-    def seen(self, key: str, record_id: str) -> bool:
-        return (key, record_id) in self.dedup.marks
+    def seen_ids(self) -> Container[tuple[str, str]]:
+        return self.dedup.marks
 
     def save(self, changes: dict[str, StoredKey | None], seen: list[tuple[str, str, int]] = (),  # type: ignore[assignment]
              low_watermark: int | None = None, horizon_ms: int = 0) -> None:

@@ -32,7 +32,7 @@ import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Iterable, Mapping
+from typing import Any, Container, Iterable, Mapping
 
 from millstream.core import flatpickle
 from millstream.core.store import MemoryKeyStore, StoredKey
@@ -217,8 +217,8 @@ class SparkKeyStore:
     def next_wall_time(self) -> int | None:
         return self.cache.keys.next_wall_time()
 
-    def seen(self, key: str, record_id: str) -> bool:
-        return (key, record_id) in self.cache.keys.dedup.marks
+    def seen_ids(self) -> Container[tuple[str, str]]:
+        return self.cache.keys.seen_ids()
 
     def save(self, changes: dict[str, StoredKey | None], seen: list[tuple[str, str, int]], low_watermark: int,
              horizon_ms: int) -> None:
