@@ -358,6 +358,9 @@ class _KeyStep:
         plan, state, segments = self.plan, self.state, self.segments
         deliver = self.deliver_batch if plan.batched else self.deliver_each
         position, count = 0, len(items)
+        if len(segments) == 1 and count:  # one input point (the common step): no runs to find
+            deliver(items, 0)
+            position = count
         while position < count:  # the key's records, one input point at a time
             j = items[position][1].segment
             end = position + 1
