@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 import xxhash
@@ -126,7 +127,7 @@ class ComputationPlan:
     # sets the instance up once and runs every later copy's work on that one (spark/operator.py).
     instance: str = field(default_factory=lambda: uuid.uuid4().hex, compare=False)
 
-    @property
+    @cached_property  # asked once per key and step (a frozen dataclass's __dict__ takes it)
     def batched(self) -> bool:
         """The computation takes a key's records of an input point in one call (process_records)."""
         return type(self.computation).process_records is not Computation.process_records
@@ -166,7 +167,7 @@ class ComputationPlan:
         """The keyed watermarks this computation's inputs carry (and it forwards)."""
         return tuple(sorted(self.keyed_senders()))
 
-    @property
+    @cached_property
     def ttls(self) -> dict[str, int]:
         return {name: spec.ttl_ms for name, spec in self.state_specs.items() if spec.ttl_ms is not None}
 
