@@ -111,6 +111,9 @@ def table(results: dict[str, dict]) -> str:
                 ok = True if high < 0.15 else (False if low >= 0.15 else None)
                 add("scaling", f"{config}: driver CPU share (shared JVM split by thread; GC/JIT as driver's "
                     "in the upper bound)", f"{low:.1%} - {high:.1%}", "< 15%", ok)
+            if r.get("cores_busy") is not None:
+                add("scaling", f"{config}: cores busy over the timed run; CPU per record, all processes",
+                    f"{r['cores_busy']} of {r['parallelism']}; {r['cpu_us_per_record']} us")
             add("scaling", f"{config}: output = exact answer", str(r.get("matches_expected")), "True",
                 r.get("matches_expected"))
 

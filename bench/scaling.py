@@ -13,7 +13,9 @@ against the exact answer. Meanwhile this process samples the CPU time of every p
 process, the Python planners its JVM starts, and on a cluster its JVM), the executors (JVMs and
 Python workers) and the cluster's daemons. In local mode one JVM is the driver and the executors: its
 threads are split by name (see common.jvm_thread_role), GC/JIT/VM threads belong to both and are
-reported apart (the share is then a range).
+reported apart (the share is then a range). Two more figures per configuration say where a speed-up
+short of the core count comes from: the cores kept busy over the window (all CPU time but this
+process's, divided by the window) and the CPU time per record.
 """
 
 from __future__ import annotations
@@ -148,10 +150,15 @@ def measure(name: str, master: str, parallelism: int, total: int) -> dict:
         result = json.load(f)
     first, end = result.pop("window")
     shares = cpu_shares(tree.cpu_by_role(first, end))
-    row = {"config": name, "master": master, "parallelism": parallelism, **result, **shares,
+    # Where a speed-up short of the core count comes from: cores left idle (cores_busy below the
+    # parallelism) or more CPU per record when tasks run side by side (cpu_us_per_record).
+    busy = {"cores_busy": round(shares["total_cpu_s"] / (end - first), 2) if end > first else None,
+            "cpu_us_per_record": round(shares["total_cpu_s"] / total * 1e6, 2)}
+    row = {"config": name, "master": master, "parallelism": parallelism, **result, **shares, **busy,
            "peak_rss_mb": tree.peak_mb()}
     print(f"[scaling] {name}: {result['records_per_s']} rec/s (timed runs {result['timed_records_per_s']}), "
           f"driver CPU share {shares['driver_share']}-{shares['driver_share_max']}, "
+          f"cores busy {busy['cores_busy']}, CPU {busy['cpu_us_per_record']} us/record, "
           f"output ok {result['matches_expected']}", flush=True)
     return row
 
