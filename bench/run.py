@@ -89,22 +89,26 @@ def table(results: dict[str, dict]) -> str:
 
     sc = results.get("scaling", {})
     if sc.get("runs"):
-        by = {r["config"]: r for r in sc["runs"]}
+        rounds = sc.get("speedup_by_round", {})
+        last = {r["config"]: r for r in sc["runs"]}
         for label, key, a, b in (("local[2] / local[1]", "local", "local1", "local2"),
                                  ("standalone, 2 workers / 1 worker", "cluster", "cluster1", "cluster2")):
             speedup = sc["speedup"].get(key)
-            rates = " / ".join(_n(by.get(c, {}).get("records_per_s", "error")) for c in (b, a))
-            add("scaling", f"speed-up {label} (records/s)", f"{rates} = " + (f"{speedup}x" if speedup else "n/a"),
-                ">= 1.7x",
-                None if speedup is None else speedup >= 1.7)
-        for config in ("local1", "local2", "cluster1", "cluster2"):
-            r = by.get(config, {})
+            if key in rounds:  # rounds of the four configurations: each round's ratio, and their median
+                value = "rounds " + ", ".join(f"{x}x" if x else "n/a" for x in rounds[key]) + "; median " + \
+                    (f"{speedup}x" if speedup else "n/a")
+            else:
+                rates = " / ".join(_n(last.get(c, {}).get("records_per_s", "error")) for c in (b, a))
+                value = f"{rates} = " + (f"{speedup}x" if speedup else "n/a")
+            add("scaling", f"speed-up {label} (records/s)", value, ">= 1.7x", None if speedup is None else speedup >= 1.7)
+        for r in sc["runs"]:
+            config = r["config"] + (f", round {r['round'] + 1}" if "round" in r else "")
             if "error" in r:
                 add("scaling", f"{config}: failed", _failure(r["error"]), "", False)
             if "driver_share" not in r:
                 continue
             low, high = r["driver_share"], r["driver_share_max"]
-            if config.startswith("cluster"):
+            if r["config"].startswith("cluster"):
                 add("scaling", f"{config}: driver CPU share (driver Python + its JVM + its planners)",
                     f"{low:.1%}", "< 15%", low < 0.15)
             else:
@@ -112,8 +116,8 @@ def table(results: dict[str, dict]) -> str:
                 add("scaling", f"{config}: driver CPU share (shared JVM split by thread; GC/JIT as driver's "
                     "in the upper bound)", f"{low:.1%} - {high:.1%}", "< 15%", ok)
             if r.get("cores_busy") is not None:
-                add("scaling", f"{config}: cores busy over the timed run; CPU per record, all processes",
-                    f"{r['cores_busy']} of {r['parallelism']}; {r['cpu_us_per_record']} us")
+                add("scaling", f"{config}: records/s; cores busy over the timed run; CPU per record, all processes",
+                    f"{_n(r['records_per_s'])}; {r['cores_busy']} of {r['parallelism']}; {r['cpu_us_per_record']} us")
             add("scaling", f"{config}: output = exact answer", str(r.get("matches_expected")), "True",
                 r.get("matches_expected"))
 
