@@ -114,6 +114,13 @@ class Cluster:
         return process
 
     def __enter__(self) -> "Cluster":
+        try:
+            return self._start_all()
+        except BaseException:
+            self.__exit__()  # a master or worker already up must not run on into the next round
+            raise
+
+    def _start_all(self) -> "Cluster":
         port = _free_port()
         self.url = f"spark://127.0.0.1:{port}"
         log = os.path.join(self.directory, "master.log")
@@ -146,7 +153,11 @@ def measure(name: str, master: str, parallelism: int, total: int) -> dict:
                                   str(total), out], cwd=PROJECT_DIR, env=env, stdout=log, stderr=subprocess.STDOUT)
     tree = ProcessTree(interval=0.25, driver_pid=child.pid).start()
     try:
-        code = child.wait(timeout=3600)
+        code: int | str = child.wait(timeout=3600)
+    except subprocess.TimeoutExpired:
+        child.kill()  # a hung configuration is reported as failed; the next one gets the machine
+        child.wait()
+        code = "a timeout (killed after an hour)"
     finally:
         tree.stop()
     if code != 0 or not os.path.exists(out):
@@ -196,6 +207,18 @@ def speedups(rows: list[dict]) -> dict[str, float | None]:
     return {"local": ratio("local1", "local2"), "cluster": ratio("cluster1", "cluster2")}
 
 
+def ratios_by_round(rows: list[dict]) -> dict[str, list[float | None]]:
+    """Each round's speed-ups, in round order, from the rows of all rounds."""
+    rounds: dict[int, list[dict]] = {}
+    for row in rows:
+        rounds.setdefault(row["round"], []).append(row)
+    by_round: dict[str, list[float | None]] = {"local": [], "cluster": []}
+    for number in sorted(rounds):
+        for key, value in speedups(rounds[number]).items():
+            by_round[key].append(value)
+    return by_round
+
+
 def summarize_rounds(by_round: dict[str, list[float | None]]) -> dict[str, float | None]:
     """The speed-up to report: the median of the rounds' ratios (a round's ratio compares runs minutes
     apart). Unknown if any round failed, so a failure is never hidden behind the other rounds."""
@@ -209,13 +232,8 @@ def summarize_rounds(by_round: dict[str, list[float | None]]) -> dict[str, float
 def main(quick: bool) -> dict:
     total = 100_000 if quick else 1_000_000
     expected_windows(KEYS, 10)  # import and warm the check's code path before any sampling
-    rows: list[dict] = []
-    by_round: dict[str, list[float | None]] = {"local": [], "cluster": []}
-    for number in range(1 if quick else ROUNDS):
-        round_rows = run_round(number, total)
-        rows.extend(round_rows)
-        for key, value in speedups(round_rows).items():
-            by_round[key].append(value)
+    rows = [row for number in range(1 if quick else ROUNDS) for row in run_round(number, total)]
+    by_round = ratios_by_round(rows)
     speedup = summarize_rounds(by_round)
     print(f"[scaling] speed-up local[2]/local[1] = {speedup['local']} (rounds {by_round['local']}), "
           f"two workers / one = {speedup['cluster']} (rounds {by_round['cluster']})", flush=True)
