@@ -7,8 +7,8 @@
         at 60% of the traffic: the registry is resharded while everything runs
     once the logs are done: the verifier, every few seconds, until every click is written exactly once
         (it re-injects what a dead pipeline registered and never wrote, once its heartbeat is old)
-    GC: the registry forgets the first quarter of the traffic; old clicks replayed then are answered
-        "expired" and skipped, never joined twice
+    GC: once no live pipeline holds a click for a retry, the registry forgets the first quarter of the
+        traffic; old clicks replayed then are answered "expired" and skipped, never joined twice
     the re-injection log is closed; the drivers finish; the report is computed from the files
 
 Everything is under the data directory (see `DemoLayout`).
@@ -153,11 +153,18 @@ class PipelineView:
     stats_values: list[dict[str, Any]] = field(default_factory=list)
     joined_records: list[SinkRecord] = field(default_factory=list)
     unjoinable_records: list[SinkRecord] = field(default_factory=list)
+    pending_by_shard: dict[str, int] = field(default_factory=dict)  # as of each shard's latest stats record
 
     def poll(self) -> None:
-        self.stats_values.extend(r.value for r in self.stats.poll())
+        for record in self.stats.poll():  # delivered in batch order, each shard's records in production order
+            self.stats_values.append(record.value)
+            self.pending_by_shard[record.key] = record.value["pending"]
         self.joined_records.extend(self.joined.poll())
         self.unjoinable_records.extend(self.unjoinable.poll())
+
+    def clicks_pending(self) -> int:
+        """How many clicks the pipeline still holds for a retry, as of its latest delivered batch."""
+        return sum(self.pending_by_shard.values())
 
     def totals(self) -> DispatchStats:
         total = DispatchStats()
@@ -395,6 +402,7 @@ class PhotonDemo:
         self.phase = "GC"
         assert self.data is not None
         boundary = self.config.start_ms + int(self.config.seconds * 1000 / 4)
+        self._wait_for_pending_clicks()
         result = registry.gc(boundary)
         joined = {r.key for v in self.views for r in v.joined_records}
         old = [c for c in self.data.clicks if c.timestamp < boundary and c.key in joined]
@@ -421,6 +429,21 @@ class PhotonDemo:
         self.note(f"GC: boundary at {boundary - self.config.start_ms} ms of traffic, {result.deleted} ids deleted; "
                   f"{len(replayed)} old clicks replayed: answered 'expired' and skipped by every live pipeline")
         return {"boundary_ms": boundary, "deleted": result.deleted, "replayed": sorted(replayed)}
+
+    def _wait_for_pending_clicks(self) -> None:
+        """Wait until no live pipeline holds a click for a retry. A click still waiting in a pipeline
+        (one restarted late, say) when the registry forgets its id would be answered "expired" there,
+        though another pipeline decided it: Photon's GC threshold is days, far behind any click in
+        flight, and the demo's is seconds, so the demo waits for the clicks in flight instead."""
+        deadline = time.time() + GC_ANSWER_LIMIT_S
+        while True:
+            self._update()
+            holding = {v.driver.owner: v.clicks_pending() for v in self.views if v.driver.alive}
+            if not any(holding.values()):
+                return
+            if time.time() > deadline:
+                raise RunFailed(f"clicks still waiting for a retry after {GC_ANSWER_LIMIT_S:g} s: {holding}")
+            time.sleep(1.0)
 
     def _finish(self) -> None:
         self.phase = "finishing"
