@@ -5,21 +5,27 @@ key would dominate a batch, and rewriting whole pages of keys made every batch w
 So per key group (the operator's grouping key) Spark holds:
 
 - `chunks` (MapState id -> blob): each blob the changed keys (key -> StoredKey, or None: the key is
-  gone) and the dedup ids seen (key, id, mark). A batch writes ONE new chunk holding exactly what it
-  changed: bytes written follow the changed state. Once the chunks add up to more than twice the live
-  state, they are compacted into fresh base chunks (bounded amortized cost: at most ~1.5 bytes
-  written per changed byte). Expired dedup ids need no record: expiry is a function of their mark
-  and the watermark, which `head` keeps.
-- `head` (ValueState): the chain of chunk ids in order, each with a random token, plus sizes and the
-  watermark and horizon the dedup ids were last expired with.
+  gone), the dedup ids seen (key, id, mark) and the token of the state it was written on (its
+  parent). A batch writes ONE new chunk holding exactly what it changed: bytes written follow the
+  changed state. Once the chunks add up to more than twice the live state, they are compacted into
+  fresh base chunks (bounded amortized cost: at most ~1.5 bytes written per changed byte). Expired
+  dedup ids need no record: expiry is a function of their mark and the watermark, which `head` keeps.
+- `head` (ValueState), a few fixed fields: the chain (chunk ids `first_id` .. `next_id - 1`: ids are
+  handed out in order, a compaction's base chunks included, so the chain is always one run), the
+  token of the state (random, new at every save that writes a chunk), sizes, and the watermark and
+  horizon the dedup ids were last expired with. Its size does not grow with the chain: a head listing
+  every chunk, rewritten by every batch, made long runs of small batches write many times what they
+  changed.
 
 Everything Spark holds is the truth; Spark commits it atomically with the batch. Reads come from a
 cache in the Python worker process: the key group's keys decoded into a MemoryKeyStore (blobs and
-wake-up heaps), tagged with the token of the last chunk it reflects. A batch first reads `head`: if
-the cache is at its token, it is used as is; if the cache is at an earlier token of the same chain
-(another worker ran the group meanwhile), it reads just the chunks it missed; otherwise (a restart, a
-re-run batch whose first attempt was never committed, a compaction) it rebuilds from all chunks. A
-cache can never be ahead of Spark's committed state unnoticed: tokens are random per attempt.
+wake-up heaps), tagged with the chain and token it reflects. A batch first reads `head`: if the cache
+is at its token, it is used as is; if the cache is at an earlier point of the same chain (another
+worker ran the group meanwhile) and the first chunk it missed was written on the cache's token, it
+reads just the chunks it missed; otherwise (a restart, a re-run batch whose first attempt was never
+committed, a compaction) it rebuilds from all chunks. A cache can never be ahead of Spark's committed
+state unnoticed: tokens are random per attempt, and a chunk of an attempt Spark committed in place of
+the cache's own names another parent.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Container, Iterable, Mapping
+from typing import Any, Callable, Container, Iterable, Mapping
 
 from millstream.core import flatpickle
 from millstream.core.store import MemoryKeyStore, StoredKey
@@ -45,40 +51,82 @@ COMPACT_MIN_BYTES = 1 << 20
 CACHE_BYTES = int(os.environ.get("MILLSTREAM_CACHE_BYTES", 1 << 30))
 
 
+_HEAD_FORMAT = 2  # the first format's head was a tuple starting with the chain's list of (id, token)
+
+
 @dataclass
 class Head:
-    chain: list[tuple[int, str]] = field(default_factory=list)  # (chunk id, token), oldest first
+    first_id: int = 0  # the chain: chunks first_id .. next_id - 1, oldest first
     next_id: int = 0
+    token: str | None = None  # of the state the chain holds
     live_bytes: int = 0
     delta_bytes: int = 0  # bytes of chunks written since the last compaction
     watermark: int | None = None  # dedup ids were last expired at this watermark...
     horizon_ms: int = 0  # ... with this horizon
 
-    @property
-    def token(self) -> str | None:
-        return self.chain[-1][1] if self.chain else None
-
     def dumps(self) -> bytes:
-        return pickle.dumps((self.chain, self.next_id, self.live_bytes, self.delta_bytes, self.watermark,
-                             self.horizon_ms), protocol=5)
+        return pickle.dumps((_HEAD_FORMAT, self.first_id, self.next_id, self.token, self.live_bytes,
+                             self.delta_bytes, self.watermark, self.horizon_ms), protocol=5)
 
     @classmethod
     def loads(cls, blob: bytes | None) -> "Head":
+        """A head of either format (a root written before the head's size was bounded still loads).
+
+        >>> Head.loads(Head(3, 7, "t", 10, 4, 99, 600).dumps())
+        Head(first_id=3, next_id=7, token='t', live_bytes=10, delta_bytes=4, watermark=99, horizon_ms=600)
+        >>> Head.loads(pickle.dumps(([(3, "a"), (4, "b")], 5, 10, 4, 99, 600)))  # the first format
+        Head(first_id=3, next_id=5, token='b', live_bytes=10, delta_bytes=4, watermark=99, horizon_ms=600)
+        """
         if not blob:
             return cls()
-        chain, next_id, live, delta, watermark, horizon = pickle.loads(blob)
-        return cls(list(chain), next_id, live, delta, watermark, horizon)
+        fields = pickle.loads(blob)
+        if fields[0] == _HEAD_FORMAT:
+            return cls(*fields[1:])
+        chain, next_id, live, delta, watermark, horizon = fields
+        return cls(chain[0][0] if chain else next_id, next_id, chain[-1][1] if chain else None, live, delta,
+                   watermark, horizon)
+
+
+Chunk = tuple[dict[str, StoredKey | None], list[tuple[str, str, int]], str | None]  # keys, ids seen, parent
 
 
 @dataclass
 class _Cache:
     keys: MemoryKeyStore = field(default_factory=MemoryKeyStore)
-    chain: list[tuple[int, str]] = field(default_factory=list)
+    first_id: int = 0  # the chain it reflects, as in Head
+    next_id: int = 0
+    token: str | None = None
     live_bytes: int = 0
 
-    @property
-    def token(self) -> str | None:
-        return self.chain[-1][1] if self.chain else None
+    def at(self, head: Head) -> bool:
+        return self.token == head.token and self.first_id == head.first_id and self.next_id == head.next_id
+
+    def catch_up(self, head: Head, read: Callable[[int], Chunk]) -> bool:
+        """Apply the chunks of `head`'s chain written since this cache's state, if this cache's
+        state is the one they were written on; False (nothing applied) otherwise."""
+        if self.first_id != head.first_id or not self.first_id <= self.next_id < head.next_id:
+            return False
+        keys, seen, parent = read(self.next_id)
+        if parent is None or parent != self.token:
+            return False
+        self.apply(keys, seen)
+        for chunk_id in range(self.next_id + 1, head.next_id):
+            self.apply(*read(chunk_id)[:2])
+        self.follow(head)
+        return True
+
+    @classmethod
+    def rebuilt(cls, head: Head, read: Callable[[int], Chunk]) -> "_Cache":
+        cache = cls()
+        for chunk_id in range(head.first_id, head.next_id):
+            cache.apply(*read(chunk_id)[:2])
+        cache.follow(head)
+        return cache
+
+    def follow(self, head: Head) -> None:
+        """Take the head's chain as this cache's, its dedup ids expired as the head says."""
+        self.expire(head.watermark, head.horizon_ms)
+        self.first_id, self.next_id, self.token = head.first_id, head.next_id, head.token
 
     def apply(self, changes: dict[str, StoredKey | None], seen: list[tuple[str, str, int]]) -> None:
         blobs = self.keys.blobs
@@ -104,9 +152,11 @@ class _Cache:
 _as_stored_key = partial(tuple.__new__, StoredKey)
 
 
-def _chunk_blob(keys: dict[str, StoredKey | None], seen: list[tuple[str, str, int]]) -> bytes:
-    """A chunk: its keys as plain tuples (a NamedTuple pickles through a Python call each) and its ids."""
-    return flatpickle.dumps(({key: None if stored is None else tuple(stored) for key, stored in keys.items()}, seen))
+def _chunk_blob(keys: dict[str, StoredKey | None], seen: list[tuple[str, str, int]], parent: str | None) -> bytes:
+    """A chunk: its keys as plain tuples (a NamedTuple pickles through a Python call each), its ids
+    and the token of the state it was written on."""
+    return flatpickle.dumps(({key: None if stored is None else tuple(stored) for key, stored in keys.items()}, seen,
+                             parent))
 
 
 class WorkerGarbage:
@@ -178,30 +228,21 @@ class SparkKeyStore:
         self.cache = self._current_cache()
         self.bytes_written = 0
 
-    def _chunk(self, chunk_id: int) -> tuple[dict[str, StoredKey | None], list[tuple[str, str, int]]]:
+    def _chunk(self, chunk_id: int) -> Chunk:
         value = self._chunks.getValue((chunk_id,))
         if not value:
             raise RuntimeError(f"state chunk {chunk_id} of key group {self._cache_key[1]} is missing")
-        keys, seen = pickle.loads(bytes(value[0]))  # written by this module (_chunk_blob)
-        # Keys as plain tuples; chunks written by earlier versions hold StoredKeys: the same values.
-        return {key: None if stored is None else _as_stored_key(stored) for key, stored in keys.items()}, seen
+        loaded = pickle.loads(bytes(value[0]))  # written by this module (_chunk_blob)
+        # Keys as plain tuples; chunks written by earlier versions hold StoredKeys (the same values)
+        # and no parent (a cache then rebuilds rather than catch up).
+        keys = {key: None if stored is None else _as_stored_key(stored) for key, stored in loaded[0].items()}
+        return keys, loaded[1], loaded[2] if len(loaded) > 2 else None
 
     def _current_cache(self) -> _Cache:
+        head = self.head
         cache = _CACHES.get(self._cache_key)
-        chain = self.head.chain
-        if cache is not None and cache.token == self.head.token:
-            pass
-        elif cache is not None and cache.chain and cache.chain == chain[:len(cache.chain)]:
-            for chunk_id, _ in chain[len(cache.chain):]:  # catch up on what other workers wrote
-                cache.apply(*self._chunk(chunk_id))
-            cache.expire(self.head.watermark, self.head.horizon_ms)
-            cache.chain = list(chain)
-        else:
-            cache = _Cache()
-            for chunk_id, _ in chain:
-                cache.apply(*self._chunk(chunk_id))
-            cache.expire(self.head.watermark, self.head.horizon_ms)
-            cache.chain = list(chain)
+        if cache is None or not (cache.at(head) or cache.catch_up(head, self._chunk)):
+            cache = _Cache.rebuilt(head, self._chunk)
         _CACHES[self._cache_key] = cache
         _CACHES.move_to_end(self._cache_key)
         _evict(self._cache_key)
@@ -228,51 +269,54 @@ class SparkKeyStore:
         if not changes and not seen:
             if len(cache.keys.dedup) != expired_before:  # only expiry: note the watermark it happened at
                 head.watermark, head.horizon_ms = low_watermark, horizon_ms
-                self._head_state.update((head.dumps(),))
+                self._write_head()
             return
-        blob = _chunk_blob(changes, seen)
-        chunk_id = head.next_id
-        self._chunks.updateValue((chunk_id,), (blob,))
+        blob = _chunk_blob(changes, seen, head.token)
+        self._chunks.updateValue((head.next_id,), (blob,))
         self.bytes_written += len(blob)
         cache.apply(changes, seen)
-        head.chain.append((chunk_id, uuid.uuid4().hex))
         head.next_id += 1
+        head.token = uuid.uuid4().hex
         head.delta_bytes += len(blob)
         head.live_bytes = cache.size
         head.watermark, head.horizon_ms = low_watermark, horizon_ms
         if head.delta_bytes > max(COMPACT_RATIO * head.live_bytes, COMPACT_MIN_BYTES):
             self._compact()
-        self._head_state.update((head.dumps(),))
-        cache.chain = list(head.chain)
+        self._write_head()
+        cache.first_id, cache.next_id, cache.token = head.first_id, head.next_id, head.token
+
+    def _write_head(self) -> None:
+        blob = self.head.dumps()
+        self._head_state.update((blob,))
+        self.bytes_written += len(blob)
 
     def _compact(self) -> None:
         """Rewrite the live keys as fresh base chunks and drop every older chunk."""
         head = self.head
-        old = [chunk_id for chunk_id, _ in head.chain]
-        chain: list[tuple[int, str]] = []
+        old = range(head.first_id, head.next_id)
+        first = head.next_id
         batch: dict[str, StoredKey | None] = {}
         size = 0
         for key, stored in self.cache.keys.blobs.items():
             batch[key] = stored
             size += len(stored.blob) + len(key)
             if size >= CHUNK_BYTES:
-                chain.append(self._write_base(batch, []))
+                self._write_base(batch, [])
                 batch, size = {}, 0
         if batch:
-            chain.append(self._write_base(batch, []))
+            self._write_base(batch, [])
         ids = self.cache.keys.dedup.entries()
         per_chunk = max(1, CHUNK_BYTES // _DEDUP_ENTRY_BYTES)
         for start in range(0, len(ids), per_chunk):
-            chain.append(self._write_base({}, ids[start:start + per_chunk]))
+            self._write_base({}, ids[start:start + per_chunk])
         for chunk_id in old:
             self._chunks.removeKey((chunk_id,))
-        head.chain = chain
+        head.first_id = first
         head.delta_bytes = 0
 
-    def _write_base(self, keys: dict[str, StoredKey | None], seen: list[tuple[str, str, int]]) -> tuple[int, str]:
-        blob = _chunk_blob(keys, seen)
-        chunk_id = self.head.next_id
+    def _write_base(self, keys: dict[str, StoredKey | None], seen: list[tuple[str, str, int]]) -> None:
+        # No parent: a cache from before the compaction has another first_id and rebuilds.
+        blob = _chunk_blob(keys, seen, None)
+        self._chunks.updateValue((self.head.next_id,), (blob,))
         self.head.next_id += 1
-        self._chunks.updateValue((chunk_id,), (blob,))
         self.bytes_written += len(blob)
-        return chunk_id, uuid.uuid4().hex

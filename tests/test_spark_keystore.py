@@ -1,0 +1,178 @@
+"""A key group's keys in Spark's state store (spark/statestore.py), against an in-memory stand-in for
+Spark's ValueState and MapState whose writes become visible only when the batch commits, as Spark's
+do. What is checked, apart from the code under test:
+
+- what the store writes per batch follows what the batch changed, however long the pipeline runs
+  (a head that grew by an entry per batch once made a small batch write ~100x its changes);
+- every worker's cache reads what Spark committed: it catches up on the chunks other workers wrote,
+  and rebuilds when it holds an attempt Spark never committed.
+"""
+
+from __future__ import annotations
+
+import copy
+import pickle
+
+import pytest
+
+from millstream.core.store import StoredKey
+from millstream.spark import statestore
+from millstream.spark.statestore import SparkKeyStore
+
+
+class FakeSpark:
+    """Committed values and one batch's pending writes; reads see the batch's own writes."""
+
+    def __init__(self) -> None:
+        self.head: bytes | None = None
+        self.chunks: dict[int, bytes] = {}
+        self.pending_head: bytes | None = None
+        self.pending: dict[int, bytes | None] = {}
+        self.written = 0  # bytes of values handed to Spark, head included
+        self.chunk_reads = 0
+
+    # ValueState
+    def get(self):
+        head = self.pending_head if self.pending_head is not None else self.head
+        return None if head is None else (head,)
+
+    def update(self, value) -> None:
+        self.pending_head = value[0]
+        self.written += len(value[0])
+
+    # MapState
+    def getValue(self, key):
+        self.chunk_reads += 1
+        chunk_id = key[0]
+        blob = self.pending[chunk_id] if chunk_id in self.pending else self.chunks.get(chunk_id)
+        return None if blob is None else (blob,)
+
+    def updateValue(self, key, value) -> None:
+        self.pending[key[0]] = value[0]
+        self.written += len(value[0])
+
+    def removeKey(self, key) -> None:
+        self.pending[key[0]] = None
+
+    def commit(self) -> None:
+        if self.pending_head is not None:
+            self.head = self.pending_head
+        for chunk_id, blob in self.pending.items():
+            if blob is None:
+                self.chunks.pop(chunk_id, None)
+            else:
+                self.chunks[chunk_id] = blob
+        self.abort()
+
+    def abort(self) -> None:
+        self.pending_head, self.pending = None, {}
+
+
+class Head(FakeSpark):
+    pass
+
+
+@pytest.fixture(autouse=True)
+def fresh_caches():
+    statestore._CACHES.clear()
+    yield
+    statestore._CACHES.clear()
+
+
+def stored(value: int) -> StoredKey:
+    return StoredKey(pickle.dumps(("state", value, "x" * 60)), None, None)
+
+
+def batch(spark: FakeSpark, changes: dict, seen=(), watermark: int = 0, commit: bool = True) -> SparkKeyStore:
+    store = SparkKeyStore(spark, spark, "ns", 0)
+    store.save(dict(changes), list(seen), watermark, 600_000)
+    spark.commit() if commit else spark.abort()
+    return store
+
+
+def plain_state(spark: FakeSpark) -> dict[str, StoredKey]:
+    """The key group's keys as Spark holds them, rebuilt from a cache of no worker."""
+    statestore._CACHES.clear()
+    return dict(SparkKeyStore(spark, spark, "ns", 0).cache.keys.blobs)
+
+
+def test_bytes_written_per_batch_follow_the_changes_however_many_batches_ran():
+    spark = FakeSpark()
+    batch(spark, {f"k{i}": stored(i) for i in range(5_000)})  # a large live state, written once
+    changed = 0
+    spark.written = 0
+    for n in range(3_000):  # then small batches: one key each
+        change = {f"k{n % 5_000}": stored(n)}
+        changed += sum(len(s.blob) + len(k) for k, s in change.items())
+        batch(spark, change)
+    head_size = len(spark.head)
+    assert spark.written <= 3 * changed, (spark.written, changed)
+    assert head_size < 200, head_size
+
+
+def test_a_worker_whose_cache_lags_catches_up_on_the_chunks_it_missed():
+    spark = FakeSpark()
+    batch(spark, {f"k{i}": stored(i) for i in range(100)})
+    batch(spark, {"k1": stored(1_001)})
+    behind = copy.deepcopy(statestore._CACHES)  # another worker's cache, as of now
+    for n in range(5):
+        batch(spark, {f"k{n}": stored(2_000 + n)}, seen=[(f"k{n}", f"r{n}", 10 + n)])
+    statestore._CACHES.clear()
+    statestore._CACHES.update(behind)
+    spark.chunk_reads = 0
+    store = SparkKeyStore(spark, spark, "ns", 0)
+    assert spark.chunk_reads == 5  # just the five chunks it missed
+    assert store.cache.keys.blobs == plain_state(spark)
+    assert store.cache.keys.blobs["k3"] == stored(2_003) and ("k3", "r3") in store.seen_ids()
+
+
+def test_a_cache_holding_an_attempt_spark_never_committed_is_rebuilt():
+    spark = FakeSpark()
+    batch(spark, {"a": stored(1), "b": stored(2)})
+    batch(spark, {"a": stored(3)}, commit=False)  # this worker's attempt: Spark never committed it
+    store = SparkKeyStore(spark, spark, "ns", 0)  # the batch again, on the same worker
+    assert store.cache.keys.blobs["a"] == stored(1)
+
+
+def test_a_cache_behind_an_attempt_another_worker_committed_in_its_place_is_rebuilt():
+    spark = FakeSpark()
+    batch(spark, {"a": stored(1)})
+    batch(spark, {"a": stored(2)}, commit=False)  # worker 1's attempt at batch 2: lost
+    mine = copy.deepcopy(statestore._CACHES)
+    statestore._CACHES.clear()
+    batch(spark, {"a": stored(3)})  # worker 2 ran batch 2 again, differently: committed
+    batch(spark, {"b": stored(4)})  # and batch 3
+    statestore._CACHES.clear()
+    statestore._CACHES.update(mine)  # worker 1 again: its cache claims batch 2 was its own
+    store = SparkKeyStore(spark, spark, "ns", 0)
+    assert store.cache.keys.blobs == {"a": stored(3), "b": stored(4)}
+
+
+def test_after_a_compaction_every_cache_reads_the_same_keys():
+    spark = FakeSpark()
+    batch(spark, {f"k{i}": stored(i) for i in range(50)})
+    old = copy.deepcopy(statestore._CACHES)
+    n = 0
+    while len(spark.chunks) > 1 or n < 10:  # small batches until a compaction folds the chunks
+        batch(spark, {f"k{n % 50}": stored(1_000 + n), f"gone{n}": stored(n)} | {f"gone{n - 1}": None})
+        n += 1
+        assert n < 100_000
+    statestore._CACHES.clear()
+    statestore._CACHES.update(old)
+    store = SparkKeyStore(spark, spark, "ns", 0)
+    assert store.cache.keys.blobs == plain_state(spark)
+    assert len(store.cache.keys.blobs) == 51
+
+
+def test_state_written_by_the_first_head_format_loads_and_goes_on():
+    """A root written before the head's size was bounded: a head listing every chunk with its token,
+    chunks without a parent."""
+    spark = FakeSpark()
+    first = {"a": stored(1), "b": stored(2)}
+    spark.chunks[7] = pickle.dumps(({k: tuple(v) for k, v in first.items()}, [("a", "r1", 5)]))
+    spark.chunks[8] = pickle.dumps(({"b": None, "c": tuple(stored(3))}, []))
+    spark.head = pickle.dumps(([(7, "t7"), (8, "t8")], 9, 200, 200, 0, 600_000))
+    store = batch(spark, {"d": stored(4)})
+    assert store.cache.keys.blobs == {"a": stored(1), "c": stored(3), "d": stored(4)}
+    assert ("a", "r1") in store.seen_ids()
+    assert plain_state(spark) == store.cache.keys.blobs
