@@ -146,6 +146,22 @@ def table(results: dict[str, dict]) -> str:
         add("state", "output = plain-Python replay (both key counts)",
             f"{large['output_matches_expected']}, {small.get('output_matches_expected')}", "True",
             bool(large["output_matches_expected"] and small.get("output_matches_expected")))
+    many = st.get("many_small_batches", {})
+    if "state_after_horizon" in many:
+        s = many["state_after_horizon"]
+        label = f"{many['keys']:,} keys, {many['records_per_batch']} records per batch"
+        add("state", f"{label}: state bytes written / changed ({s['batches']} batches past the dedup horizon)",
+            f"{s['written_over_changed']}x", "<= 3x",
+            s["written_over_changed"] is not None and s["written_over_changed"] <= 3)
+        add("state", f"{label}: RocksDB's own bytes written / changed bytes (same batches)",
+            f"{many['rocksdb_over_changed_after_horizon']}x")
+        add("state", f"{label}: checkpoint directory over the steady phase (MB)",
+            f"{many['checkpoint_mb']['steady_start']} -> {many['checkpoint_mb']['steady_end']} "
+            f"({many['checkpoint_growth_kb_per_batch']} KB/batch)")
+        add("state", f"{label}: output = plain-Python replay", str(many["output_matches_expected"]), "True",
+            many["output_matches_expected"])
+    elif "error" in many:
+        add("state", "many small batches: failed", _failure(many["error"]), "", False)
 
     rs = results.get("rescale", {})
     if "identical_output_ids_included" in rs:
