@@ -155,9 +155,9 @@ def table(results: dict[str, dict]) -> str:
             s["written_over_changed"] is not None and s["written_over_changed"] <= 3)
         add("state", f"{label}: RocksDB's own bytes written / changed bytes (same batches)",
             f"{many['rocksdb_over_changed_after_horizon']}x")
-        add("state", f"{label}: checkpoint directory over the steady phase (MB)",
-            f"{many['checkpoint_mb']['steady_start']} -> {many['checkpoint_mb']['steady_end']} "
-            f"({many['checkpoint_growth_kb_per_batch']} KB/batch)")
+        add("state", f"{label}: checkpoint directory over the steady phase (MB): start -> end; mean by quarter",
+            f"{many['checkpoint_mb']['steady_start']} -> {many['checkpoint_mb']['steady_end']}; "
+            + " / ".join(str(q) for q in many.get("checkpoint_mb_by_quarter", [])))
         add("state", f"{label}: output = plain-Python replay", str(many["output_matches_expected"]), "True",
             many["output_matches_expected"])
     elif "error" in many:

@@ -165,6 +165,15 @@ class DirSampler:
         self._thread.join()
         self.sample()
 
+    def checkpoint_by_quarter(self, start: float, end: float) -> list[float]:
+        """Mean checkpoint size (MB) over each quarter of [start, end]."""
+        span, means = (end - start) / 4, []
+        for q in range(4):
+            part = [cp for t, cp, _ in self.samples if start + q * span <= t <= start + (q + 1) * span]
+            if part:
+                means.append(round(sum(part) / len(part) / 2**20, 1))
+        return means
+
     def at(self, t: float) -> tuple[int, int]:
         before = [s for s in self.samples if s[0] <= t]
         chosen = before[-1] if before else self.samples[0]
@@ -257,6 +266,7 @@ def one(keys: int, per_batch: int, steady: int) -> dict:
         "checkpoint_mb": {"steady_start": round(cp_start / 2**20, 1), "steady_end": round(cp_end / 2**20, 1)},
         "root_other_mb": {"steady_start": round(rest_start / 2**20, 1), "steady_end": round(rest_end / 2**20, 1)},
         "checkpoint_growth_kb_per_batch": round((cp_end - cp_start) / 1024 / max(1, len(steady_batches)), 1),
+        "checkpoint_mb_by_quarter": dirs.checkpoint_by_quarter(start_s, end_s),
         "root_other_growth_kb_per_batch": round((rest_end - rest_start) / 1024 / max(1, len(steady_batches)), 1),
         "anomalies": sum(expected.values()), "output_matches_expected": output == expected,
         "per_batch": [{k: h[k] for k in ("batch", "input_watermark", "state_bytes_written", "state_bytes_changed")}
