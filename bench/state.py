@@ -186,12 +186,12 @@ def one(keys: int, per_batch: int, steady: int) -> dict:
     from millstream.spark.runner import SparkRunner
 
     name = f"state{keys}"
-    directory = fresh_dir(f"state-{keys}")
+    directory = fresh_dir(f"state-{keys}-{per_batch}")
     root = os.path.join(directory, "root")
     pipeline = (Pipeline(name).add_injector("queries", ModelInjector(keys, steady, per_batch), "events")
                 .add_computation("model", RunningModel(), ["events"], ["anomalies"]))
     with ProcessTree(interval=1.0) as tree:
-        spark = spark_session(log_name=f"state-{keys}")
+        spark = spark_session(log_name=f"state-{keys}-{per_batch}")
         collector = ProgressCollector(spark)
         runner = SparkRunner(pipeline, root=root, spark=spark, max_records_per_batch=FILL_BATCH)
         with DirSampler(root) as dirs:
