@@ -3,7 +3,8 @@ Spark's ValueState and MapState whose writes become visible only when the batch 
 do. What is checked, apart from the code under test:
 
 - what the store writes per batch follows what the batch changed, however long the pipeline runs
-  (a head that grew by an entry per batch once made a small batch write ~100x its changes);
+  (a head that grew by an entry per batch, rewritten by every batch, once made the small batches
+  below write 6.7x what they changed, and more the longer they ran);
 - every worker's cache reads what Spark committed: it catches up on the chunks other workers wrote,
   and rebuilds when it holds an attempt Spark never committed.
 """
@@ -101,8 +102,8 @@ def test_bytes_written_per_batch_follow_the_changes_however_many_batches_ran():
     batch(spark, {f"k{i}": stored(i) for i in range(5_000)})  # a large live state, written once
     changed = 0
     spark.written = 0
-    for n in range(3_000):  # then small batches: one key each
-        change = {f"k{n % 5_000}": stored(n)}
+    for n in range(3_000):  # then small batches: 20 keys each, compactions included
+        change = {f"k{(20 * n + i) % 5_000}": stored(n) for i in range(20)}
         changed += sum(len(s.blob) + len(k) for k, s in change.items())
         batch(spark, change)
     head_size = len(spark.head)

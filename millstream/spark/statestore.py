@@ -46,7 +46,9 @@ from millstream.core.store import MemoryKeyStore, StoredKey
 CHUNK_BYTES = 4 << 20
 # Compact once the chunks written since the last compaction exceed this many times the live state.
 COMPACT_RATIO = 2.0
-COMPACT_MIN_BYTES = 1 << 20
+# ... and at least this many bytes: a key group keeps at most max(2 x its live state, this) of chunks
+# beyond its live state, which bounds the checkpoint and what a restart reads.
+COMPACT_MIN_BYTES = 256 << 10
 # Worker-side caches kept per Python worker process, least recently used evicted first.
 CACHE_BYTES = int(os.environ.get("MILLSTREAM_CACHE_BYTES", 1 << 30))
 
