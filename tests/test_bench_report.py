@@ -2,13 +2,13 @@
 
 Rates here are made up; the expected ratios are worked out by hand."""
 
-from bench.run import table
 import subprocess
 import sys
 
 import pytest
 
 from bench import scaling
+from bench.run import table
 from bench.scaling import Cluster, ratios_by_round, speedups, summarize_rounds
 
 

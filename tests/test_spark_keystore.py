@@ -69,10 +69,6 @@ class FakeSpark:
         self.pending_head, self.pending = None, {}
 
 
-class Head(FakeSpark):
-    pass
-
-
 @pytest.fixture(autouse=True)
 def fresh_caches():
     statestore._CACHES.clear()
