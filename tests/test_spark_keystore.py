@@ -18,7 +18,7 @@ import pytest
 
 from millstream.core.store import StoredKey
 from millstream.spark import statestore
-from millstream.spark.statestore import SparkKeyStore
+from millstream.spark.statestore import Head, SparkKeyStore
 
 
 class FakeSpark:
@@ -80,9 +80,12 @@ def stored(value: int) -> StoredKey:
     return StoredKey(pickle.dumps(("state", value, "x" * 60)), None, None)
 
 
+HORIZON = 600_000
+
+
 def batch(spark: FakeSpark, changes: dict, seen=(), watermark: int = 0, commit: bool = True) -> SparkKeyStore:
     store = SparkKeyStore(spark, spark, "ns", 0)
-    store.save(dict(changes), list(seen), watermark, 600_000)
+    store.save(dict(changes), list(seen), watermark, HORIZON)
     spark.commit() if commit else spark.abort()
     return store
 
@@ -173,3 +176,45 @@ def test_state_written_by_the_first_head_format_loads_and_goes_on():
     assert store.cache.keys.blobs == {"a": stored(1), "c": stored(3), "d": stored(4)}
     assert ("a", "r1") in store.seen_ids()
     assert plain_state(spark) == store.cache.keys.blobs
+
+
+def committed_seen(spark: FakeSpark) -> set[tuple[str, str]]:
+    """The dedup ids Spark holds, read by a worker with no cache."""
+    saved = dict(statestore._CACHES)
+    statestore._CACHES.clear()
+    try:
+        return set(SparkKeyStore(spark, spark, "ns", 0).seen_ids())
+    finally:
+        statestore._CACHES.clear()
+        statestore._CACHES.update(saved)
+
+
+
+def test_a_cache_reads_dedup_ids_as_expired_by_a_batch_another_worker_committed():
+    """Another worker's batch changed no key but moved the watermark a horizon past an id: this
+    worker must not go on discarding a record with that id when Spark's state no longer has it."""
+    spark = FakeSpark()
+    batch(spark, {"k": stored(1)}, seen=[("k", "r1", 100)], watermark=100)
+    mine = copy.deepcopy(statestore._CACHES)
+    statestore._CACHES.clear()
+    batch(spark, {}, watermark=100 + HORIZON + 1)  # on another worker: r1 expires
+    assert ("k", "r1") not in committed_seen(spark)
+    statestore._CACHES.clear()
+    statestore._CACHES.update(mine)
+    assert ("k", "r1") not in SparkKeyStore(spark, spark, "ns", 0).seen_ids()
+
+
+def test_an_expiry_spark_never_committed_is_done_again_and_committed():
+    """A batch that only expires ids, lost after the worker ran it, runs again on the same worker:
+    what Spark commits is what a run without the loss commits."""
+    spark, reference = FakeSpark(), FakeSpark()
+    batch(spark, {"k": stored(1)}, seen=[("k", "r1", 100)], watermark=100)
+    batch(spark, {}, watermark=100 + HORIZON + 1, commit=False)
+    batch(spark, {}, watermark=100 + HORIZON + 1)
+    statestore._CACHES.clear()
+    batch(reference, {"k": stored(1)}, seen=[("k", "r1", 100)], watermark=100)
+    batch(reference, {}, watermark=100 + HORIZON + 1)
+    assert committed_seen(spark) == committed_seen(reference) == set()
+    lost, whole = Head.loads(spark.head), Head.loads(reference.head)
+    assert lost.watermark == whole.watermark == 100 + HORIZON + 1
+    assert (lost.first_id, lost.next_id, lost.live_bytes) == (whole.first_id, whole.next_id, whole.live_bytes)

@@ -99,9 +99,18 @@ class _Cache:
     next_id: int = 0
     token: str | None = None
     live_bytes: int = 0
+    watermark: int | None = None  # its dedup ids are expired as of this watermark
 
     def at(self, head: Head) -> bool:
-        return self.token == head.token and self.first_id == head.first_id and self.next_id == head.next_id
+        """Whether this cache holds `head`'s state: the same chain, its ids expired no further than
+        the head's watermark (an attempt Spark did not commit may have expired more). It is then
+        expired as the head says: a batch of another worker that changed no key moved it."""
+        if self.token != head.token or self.first_id != head.first_id or self.next_id != head.next_id:
+            return False
+        if self.watermark is not None and (head.watermark is None or self.watermark > head.watermark):
+            return False
+        self.follow(head)
+        return True
 
     def catch_up(self, head: Head, read: Callable[[int], Chunk]) -> bool:
         """Apply the chunks of `head`'s chain written since this cache's state, if this cache's
@@ -144,6 +153,7 @@ class _Cache:
     def expire(self, watermark: int | None, horizon_ms: int) -> None:
         if watermark is not None:
             self.keys.dedup.expire(watermark, horizon_ms)
+            self.watermark = watermark if self.watermark is None else max(self.watermark, watermark)
 
     @property
     def size(self) -> int:
