@@ -114,6 +114,17 @@ def test_sink_format_and_kind():
     assert base().add_sink("out", "events", "/tmp/x").sinks["out"].is_file_sink is True
 
 
+def test_a_jdbc_sink_takes_a_url_and_a_table_and_no_path():
+    """Spark's JDBC writer under a path, with overwrite, would replace the whole table each batch."""
+    db = {"url": "jdbc:derby:memory:x", "dbtable": "windows"}
+    with pytest.raises(PipelineError, match=r"sink 'out': a JDBC sink takes options url= and dbtable=, not path="):
+        base().add_sink("out", "events", "/tmp/x", format="jdbc", options=db)
+    with pytest.raises(PipelineError, match=r"sink 'out': a JDBC sink needs options url= and dbtable="):
+        base().add_sink("out", "events", format="jdbc", options={"url": db["url"]})
+    sink = base().add_sink("out", "events", format="jdbc", options=db).sinks["out"]
+    assert sink.is_jdbc and not sink.is_file_sink
+
+
 @pytest.mark.parametrize("obj, shown", [
     (Noop, "ABCMeta"),  # the class instead of an instance
     (lambda ctx, r: None, "function"),

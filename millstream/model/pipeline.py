@@ -32,8 +32,9 @@ from millstream.model.records import Record
 KeyExtractor = Callable[[Record[Any]], str]
 SinkWriter = Callable[[Any, int], None]
 """A user sink: called as writer(dataframe, batch_id) once per committed producer batch (again
-after a crash before its delivery was recorded: make it idempotent per batch id, as Spark's
-foreachBatch)."""
+after a crash before its delivery was recorded). Batch ids are counted per producer: make it
+idempotent per (producer, batch_id), the dataframe's `producer` column naming the producer (as
+Spark's foreachBatch, per batch id, when the stream has one producer)."""
 
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
 
@@ -100,7 +101,7 @@ class ComputationNode:
 class SinkNode:
     """Where a stream leaves the pipeline. Exactly one of: a file sink (`path` with format jsonl or
     parquet, written by the executors), a Spark writer (`path` with any other Spark format, or
-    `table`), or a user `writer` function."""
+    `table`), a JDBC table (format jdbc, no path), or a user `writer` function."""
 
     name: str
     stream: str
@@ -113,6 +114,10 @@ class SinkNode:
     @property
     def is_file_sink(self) -> bool:
         return self.writer is None and self.table is None and self.format in FILE_SINK_FORMATS
+
+    @property
+    def is_jdbc(self) -> bool:
+        return self.path is None and self.format == "jdbc"
 
 
 @dataclass
@@ -245,18 +250,35 @@ class Pipeline:
         - `path` with format "jsonl" or "parquet": files written by the executors, one per producer
           batch and task, made visible once the batch is committed;
         - `path` with any other Spark format ("csv", "orc", "json", ...): Spark's writer, each batch
-          into `path/batch=<id>` (a re-delivery replaces it);
-        - `table`: appended to a Spark table partitioned by `millstream_batch` (a re-delivery
-          overwrites its own partition);
+          into `path/producer=<p>/batch=<id>` (a re-delivery replaces it);
+        - `table`: appended to a Spark table partitioned by `millstream_producer` and
+          `millstream_batch` (a re-delivery overwrites its own partition);
+        - format "jdbc" with `options` url= and dbtable= (and what else Spark's JDBC writer takes):
+          appended to a database table with columns `millstream_producer` and `millstream_batch`
+          (a re-delivery first deletes its own rows);
         - `writer`: your function, called as writer(dataframe, batch_id).
 
-        The dataframe has columns key, timestamp, id and value (JSON text for JSON streams, bytes
-        otherwise)."""
+        The dataframe has columns key, timestamp, id, value (JSON text for JSON streams, bytes
+        otherwise) and producer.
+
+        >>> from millstream import ScriptedInjector
+        >>> p = Pipeline("p").add_injector("src", ScriptedInjector("src", []), "events")
+        >>> p = p.add_sink("db", "events", format="jdbc", options={"url": "jdbc:derby:memory:x"})
+        Traceback (most recent call last):
+        ...
+        millstream.model.pipeline.PipelineError: sink 'db': a JDBC sink needs options url= and dbtable=
+        """
         self._check_new_node(name)
         _check_name("stream", stream)
-        given = [x for x in (path, writer, table) if x is not None]
-        if len(given) != 1:
-            raise PipelineError(f"sink {name!r}: give exactly one of path=, writer= or table=")
+        if format == "jdbc":
+            if path is not None or writer is not None or table is not None:
+                raise PipelineError(f"sink {name!r}: a JDBC sink takes options url= and dbtable=, not path=, "
+                                    "writer= or table=")
+            if not options or not options.get("url") or not options.get("dbtable"):
+                raise PipelineError(f"sink {name!r}: a JDBC sink needs options url= and dbtable=")
+        elif len([x for x in (path, writer, table) if x is not None]) != 1:
+            raise PipelineError(f"sink {name!r}: give exactly one of path=, writer= or table= "
+                                "(or format='jdbc' with options url= and dbtable=)")
         if writer is not None and not callable(writer):
             raise PipelineError(f"sink {name!r}: writer must be callable as writer(dataframe, batch_id)")
         if path is not None and (not isinstance(format, str) or not re.match(r"^[A-Za-z][\w.-]*$", format)):

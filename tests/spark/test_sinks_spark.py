@@ -1,0 +1,82 @@
+"""Every kind of sink on real Spark: a Spark format under a path (csv), a Spark table, a JDBC table
+(Derby, embedded in Spark's JVM) and a user writer each receive every window once, and receive each
+batch once again after a redelivery (a driver that died after a sink took a batch and before its
+progress was recorded) without holding anything twice. The expected windows are counted apart."""
+
+import json
+import os
+
+from bucket_counter import BucketCounter
+
+from millstream import GeneratorInjector, Pipeline, Record
+from millstream.spark.publog import BATCH, PublicationLog
+from millstream.spark.runner import SparkRunner
+from millstream.spark.sinks import sink_deliverers
+
+EVENTS = 2_000
+KEYS = 3
+
+
+class FilePerBatch:
+    """A user writer, idempotent per (producer, batch): one JSON file per batch, replaced on a
+    redelivery."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self.calls = 0
+
+    def __call__(self, frame, batch_id):
+        self.calls += 1
+        rows = [row.asDict() for row in frame.collect()]
+        os.makedirs(self.directory, exist_ok=True)
+        for producer in {row["producer"] for row in rows}:
+            with open(os.path.join(self.directory, f"{producer}-{batch_id}.json"), "w") as out:
+                json.dump([row for row in rows if row["producer"] == producer], out)
+
+
+def expected_windows():
+    counts = {}
+    for i in range(EVENTS):
+        key, bucket = f"k{i % KEYS}", (7 * i) - (7 * i) % 1_000
+        counts[(key, bucket)] = counts.get((key, bucket), 0) + 1
+    return sorted((key, bucket, n) for (key, bucket), n in counts.items())
+
+
+def windows(rows):
+    """(key, bucket, count) of rows with a key and a JSON text value."""
+    return sorted((row["key"], *json.loads(row["value"])) for row in rows)
+
+
+def test_every_kind_of_sink_holds_each_window_once_after_a_redelivery_of_every_batch(spark, tmp_path):
+    jdbc = {"url": f"jdbc:derby:{tmp_path / 'db'};create=true", "dbtable": "windows"}
+    writer = FilePerBatch(str(tmp_path / "writer"))
+    injector = GeneratorInjector(lambda i: Record(f"k{i % KEYS}", i, 7 * i), EVENTS, lambda n: 7 * n,
+                                 max_records_per_read=250)
+    pipeline = (Pipeline("sinks").add_injector("src", injector, "in")
+                .add_computation("windower", BucketCounter(), ["in"], ["windows"])
+                .add_sink("csv", "windows", str(tmp_path / "csv"), format="csv", options={"header": "true"})
+                .add_sink("table", "windows", table="sunk_windows", options={"path": str(tmp_path / "table")})
+                .add_sink("db", "windows", format="jdbc", options=jdbc)
+                .add_sink("mine", "windows", writer=writer))
+    root = str(tmp_path / "root")
+    SparkRunner(pipeline, root=root, spark=spark, max_records_per_batch=250).run(progress_interval=0.2, timeout=300)
+
+    def read_all():
+        csv = spark.read.option("header", "true").csv(str(tmp_path / "csv")).collect()
+        table = spark.table("sunk_windows").collect()
+        db = spark.read.format("jdbc").options(**jdbc).load().collect()
+        mine = [row for name in sorted(os.listdir(tmp_path / "writer"))
+                for row in json.load(open(tmp_path / "writer" / name))]
+        return {"csv": windows(csv), "table": windows(table), "db": windows(db), "mine": windows(mine)}
+
+    expected = expected_windows()
+    assert read_all() == {"csv": expected, "table": expected, "db": expected, "mine": expected}
+    batches = [entry for _, entry in PublicationLog(root, "windower").entries_after(-1, 1 << 30)
+               if entry["type"] == BATCH]
+    assert len(batches) > 3 and writer.calls == len(batches)
+
+    for _node, _producers, deliver in sink_deliverers(spark, root, pipeline, {"windower"}).values():
+        for entry in batches:  # every batch delivered again, as after a crash before its progress was kept
+            deliver("windower", entry["batch"], entry)
+    assert read_all() == {"csv": expected, "table": expected, "db": expected, "mine": expected}
+    spark.sql("DROP TABLE sunk_windows")
