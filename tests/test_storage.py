@@ -81,3 +81,26 @@ def test_a_json_file_caught_mid_replacement_is_read_again(tmp_path, monkeypatch)
     reads = iter([b'{"batch": 6, "low_wat', b'{"batch": 7}'])  # the first read sees half a replacement
     monkeypatch.setattr(storage, "read", lambda path: next(reads))
     assert storage.read_json("latest.json") == {"batch": 7}
+
+
+def test_a_file_moves_to_a_sink_on_another_local_filesystem(tmp_path):
+    """A sink directory on another mount than the root (here a tmpfs): a rename cannot cross it, so
+    the file is copied whole under a temporary name there, then renamed."""
+    import os
+    import uuid
+
+    other = "/dev/shm"
+    if not os.access(other, os.W_OK) or os.stat(other).st_dev == os.stat(tmp_path).st_dev:
+        pytest.skip(f"{other} is not a writable filesystem apart from {tmp_path}")
+    sink_dir = os.path.join(other, f"millstream-test-{uuid.uuid4().hex}")
+    try:
+        root, sink = Storage(str(tmp_path / "root")), Storage(sink_dir)
+        root.write("staging/part-0.jsonl", b'{"n": 1}\n' * 1000)
+        root.move_to("staging/part-0.jsonl", sink, "p-000000000001-part-0.jsonl")
+        assert sink.read("p-000000000001-part-0.jsonl") == b'{"n": 1}\n' * 1000
+        assert os.listdir(sink_dir) == ["p-000000000001-part-0.jsonl"]
+        assert not root.exists("staging/part-0.jsonl")
+    finally:
+        import shutil
+
+        shutil.rmtree(sink_dir, ignore_errors=True)

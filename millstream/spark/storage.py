@@ -18,9 +18,11 @@ a conditional put with `If-None-Match: *`). The fenced publication log is built 
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import posixpath
+import shutil
 import time
 import uuid
 from typing import Any
@@ -271,10 +273,24 @@ class Storage:
         self.fs.move(self._full(source), full)
 
     def move_to(self, path: str, target: "Storage", target_path: str) -> None:
-        """Move a file to another location: a rename on one local disk, else a copy and a delete."""
+        """Move a file to another location: a rename on one local filesystem, else a copy (under a
+        temporary name, then renamed, on another local filesystem) and a delete."""
         if self.local and target.local:
-            target.fs.create_dir(posixpath.dirname(target._full(target_path)), recursive=True)
-            os.replace(self._full(path), target._full(target_path))
+            source, final = self._full(path), target._full(target_path)
+            target.fs.create_dir(posixpath.dirname(final), recursive=True)
+            try:
+                os.replace(source, final)
+                return
+            except OSError as error:
+                if error.errno != errno.EXDEV:
+                    raise
+            tmp = f"{final}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+            with open(source, "rb") as src, open(tmp, "wb") as out:
+                shutil.copyfileobj(src, out, 1 << 20)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(tmp, final)
+            os.remove(source)
             return
         target.write(target_path, self.read(path) or b"")
         self.delete(path)
