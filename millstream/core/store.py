@@ -94,17 +94,33 @@ class MemoryKeyStore:
 
     def apply(self, changes: dict[str, StoredKey | None]) -> None:
         """The keys' part of save."""
+        blobs = self.blobs
         for key, stored in changes.items():
             if stored is None:
-                self.blobs.pop(key, None)
+                blobs.pop(key, None)
                 continue
-            self.blobs[key] = stored
-            if stored.wake_lw is not None:
+            old = blobs.get(key)
+            blobs[key] = stored
+            # A valid entry is never popped (due() puts it back): an unchanged wake-up is there already.
+            if stored.wake_lw is not None and (old is None or old.wake_lw != stored.wake_lw):
                 heapq.heappush(self._lw, (stored.wake_lw, key))
-            if stored.wake_wall is not None:
+            if stored.wake_wall is not None and (old is None or old.wake_wall != stored.wake_wall):
                 heapq.heappush(self._wall, (stored.wake_wall, key))
-            for watermark_key, time in stored.wake_keyed:
-                heapq.heappush(self._keyed.setdefault(watermark_key, []), (time, key))
+            if stored.wake_keyed and (old is None or old.wake_keyed != stored.wake_keyed):
+                for watermark_key, time in stored.wake_keyed:
+                    heapq.heappush(self._keyed.setdefault(watermark_key, []), (time, key))
+        # Stale entries (a wake-up moved on before it came due) leave only when due: past twice the
+        # keys, each heap is rebuilt from the live wake-ups, so it stays in proportion to the keys.
+        limit = 2 * len(blobs) + _HEAP_SLACK
+        if len(self._lw) > limit:
+            self._lw = _heap((stored.wake_lw, key) for key, stored in blobs.items() if stored.wake_lw is not None)
+        if len(self._wall) > limit:
+            self._wall = _heap((stored.wake_wall, key) for key, stored in blobs.items()
+                               if stored.wake_wall is not None)
+        for watermark_key, heap in self._keyed.items():
+            if len(heap) > limit:
+                self._keyed[watermark_key] = _heap((time, key) for key, stored in blobs.items()
+                                                   for name, time in stored.wake_keyed if name == watermark_key)
 
     def next_wall_time(self) -> int | None:
         heap = self._wall
@@ -118,6 +134,15 @@ class MemoryKeyStore:
 
     def keys(self) -> Iterator[str]:
         return iter(sorted(self.blobs))
+
+
+_HEAP_SLACK = 1_024  # entries a heap may hold beyond twice the keys before it is rebuilt
+
+
+def _heap(entries: Iterable[tuple[int, str]]) -> list[tuple[int, str]]:
+    heap = list(entries)
+    heapq.heapify(heap)
+    return heap
 
 
 def _wake_lw(stored: StoredKey) -> int | None:
