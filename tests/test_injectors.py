@@ -277,6 +277,50 @@ def test_file_watermark_never_goes_back_when_an_older_file_shows_up(tmp_path):
     assert [r.value for r in inj.read("0", o1, o2)] == [2]
 
 
+def read_all(inj, partition, offset):
+    """Read a partition until its offset stops moving: (values read, the last offset)."""
+    values = []
+    while True:
+        end = inj.latest_offset(partition, offset, None)
+        if end == offset:
+            return values, offset
+        values += [r.value for r in inj.read(partition, offset, end)]
+        offset = end
+
+
+def test_partitioned_files_are_read_once_and_an_empty_partition_does_not_hold_the_watermark(tmp_path):
+    """Files named by creation time come in creation order over the whole directory: a partition
+    that has no file (yet) bounds its next one by the newest file of any partition."""
+    d = str(tmp_path)
+    for i in range(1, 4):
+        write(d, f"log-{1000 * i}.jsonl", [rec("k", i, 1000 * i + 5)], 0)
+    inj = FileInjector(d, creation="name", partitions=8)
+    assert inj.partitions() == tuple(str(p) for p in range(8))
+    read, watermarks = [], []
+    for partition in inj.partitions():
+        values, offset = read_all(inj, partition, inj.initial_offset(partition))
+        read += values
+        watermarks.append(inj.low_watermark(partition, offset))
+    assert sorted(read) == [1, 2, 3]
+    assert watermarks == [3_000] * 8  # the newest visible file's creation time, in every partition
+
+
+def test_the_offset_forgets_files_gone_from_the_directory(tmp_path):
+    """Writers delete log files once read: the offset, written by Spark at every batch, lists only
+    the files still there, so it does not grow with every file ever read."""
+    d = str(tmp_path)
+    inj = FileInjector(d, creation="name")
+    offset = inj.initial_offset("0")
+    for i in range(1, 50):
+        write(d, f"log-{1000 * i}.jsonl", [rec("k", i, 1000 * i)], 0)
+        values, offset = read_all(inj, "0", offset)
+        assert values == [i]
+        if i > 2:
+            os.remove(os.path.join(d, f"log-{1000 * (i - 2)}.jsonl"))
+    assert len(offset["read"]) <= 3
+    assert inj.low_watermark("0", offset) == 49_000
+
+
 def test_file_mtime_is_exact_to_the_millisecond(tmp_path, monkeypatch):
     # Modification times have nanosecond precision; as a float in seconds they can round up into the
     # next millisecond. The creation estimate uses the millisecond the file was last written in.

@@ -21,7 +21,11 @@ writer started it, so its records are stamped no earlier. Where it comes from:
 
 Once `_DONE` exists and every file is read, the watermark is END_OF_TIME. With `partitions=n`, files
 are spread over n partitions by a hash of their name, each read by its own Spark task and publishing
-its own watermark.
+its own watermark (with `creation="name"`, a partition bounds its files not yet visible by the newest
+file of the whole directory, so a partition without files does not hold the watermark back).
+
+An offset lists the files read that are still in the directory: delete files once read (and past
+the dedup horizon, should one come back) and offsets stay small however long the injector runs.
 """
 
 from __future__ import annotations
@@ -95,18 +99,26 @@ class FileInjector(Injector):
         except FileNotFoundError:
             return None
 
-    def _listing(self, partition: str) -> tuple[dict[str, int], bool]:
+    def _listing(self, partition: str) -> tuple[dict[str, int], int, bool]:
+        """The partition's files with their creation times, the newest creation time of any file
+        of the directory, and whether `_DONE` is there."""
         try:
             names = os.listdir(self.directory)
         except FileNotFoundError:
-            return {}, False
+            return {}, BEGINNING_OF_TIME, False
         created = {}
+        newest = BEGINNING_OF_TIME
         for name in names:
-            if name.endswith(self.suffix) and not name.startswith(".") and self._partition_of(name) == partition:
+            if not name.endswith(self.suffix) or name.startswith("."):
+                continue
+            mine = self._partition_of(name) == partition
+            if mine or self.creation == "name":
                 time_created = self._created(name)
                 if time_created is not None:
-                    created[name] = time_created
-        return created, DONE_MARKER in names
+                    newest = max(newest, time_created)
+                    if mine:
+                        created[name] = time_created
+        return created, newest, DONE_MARKER in names
 
     def _partition_of(self, name: str) -> str:
         if self.partition_count == 1:
@@ -115,16 +127,18 @@ class FileInjector(Injector):
 
     def latest_offset(self, partition: str, start: Offset, max_records: int | None) -> Offset:
         listed_at = now_ms()
-        created, done_marker = self._listing(partition)
+        created, newest, done_marker = self._listing(partition)
         already = set(start["read"])
         unread = sorted((t, n) for n, t in created.items() if n not in already)
         taking = unread[: self.max_files_per_read]
         remaining = unread[self.max_files_per_read:]
-        read = sorted(already | {n for _, n in taking})
+        # Files gone from the directory are forgotten: the offset lists what is there, not every
+        # file ever read (a name that comes back is read again; its ids are the same).
+        read = sorted((already & created.keys()) | {n for _, n in taking})
         if self.creation == "mtime":
             not_yet_visible = listed_at - self.max_write_ms
-        else:  # files appear in creation order, give or take the bound (already in `created`)
-            not_yet_visible = max(created.values(), default=BEGINNING_OF_TIME)
+        else:  # files appear in creation order over the whole directory, give or take the bound
+            not_yet_visible = newest
         watermark = min(remaining[0][0], not_yet_visible) if remaining else not_yet_visible
         watermark = max(watermark, start["watermark"])
         done = done_marker and not remaining
