@@ -42,6 +42,7 @@ from millstream.spark.publog import BATCH, CLAIM, Fenced, FencedWriter, Publicat
 from millstream.spark.retention import DEFAULT_RETAIN_LOGS_S, LogRetention
 from millstream.spark.rootfiles import LAYOUT_FILE, read_status_history, wake_file
 from millstream.spark.sinks import SinkDelivery, sink_deliverers
+from millstream.spark.session import cluster_parallelism
 from millstream.spark.source import DEFAULT_MAX_RECORDS_PER_BATCH, LOG_SCHEMA, Sender, SourcePlan, source_for
 from millstream.spark.storage import Storage, check_no_credentials, is_local
 from millstream.spark.writer import FileSink
@@ -62,7 +63,8 @@ class SparkRunner:
     `<root>/checkpoints`): any location Spark's checkpointLocation accepts (Hadoop connectors).
 
     `parallelism`: Spark state partitions (tasks) per computation, chosen at a root's first start from
-    the session (its default parallelism: local[N] -> N, a cluster -> its cores) and kept in Spark's
+    the session (its default parallelism: local[N] -> N, a cluster -> its cores, once its executors
+    have registered: session.cluster_parallelism) and kept in Spark's
     checkpoints; `millstream rescale` changes it later. `key_groups`: MillWheel's key intervals, fixed
     for the life of a root, the most parallelism a computation can ever use.
 
@@ -215,7 +217,7 @@ class SparkRunner:
         self.sinks.start()
         self.publisher.start()
         self._ensure_listener()
-        parallelism = self._parallelism or int(spark.sparkContext.defaultParallelism)
+        parallelism = self._parallelism or cluster_parallelism(spark)
         self._choose_labels(parallelism)
         spark.conf.set("spark.sql.shuffle.partitions", str(max(1, min(parallelism, self.key_groups))))
         self.feeds.start(self.pipeline.name)

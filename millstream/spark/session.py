@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from typing import Any, Callable, Mapping, TypeVar
 
 import millstream
@@ -87,6 +88,48 @@ def check_session(spark: Any) -> None:
                 f"the SparkSession given to millstream has {key}={current!r}; millstream needs {value!r} "
                 f"(transformWithState runs only on RocksDB). Create the session with "
                 f".config({key!r}, {value!r}), or let millstream create it ({error})") from None
+
+
+def cluster_parallelism(spark: Any, wait_s: float = 60.0, settle_s: float = 2.0,
+                        clock: Callable[[], float] = time.monotonic,
+                        sleep: Callable[[float], None] = time.sleep) -> int:
+    """The session's default parallelism once a cluster's executors have registered: they register
+    after the session starts, and until then Spark's default is 2, which a new root would keep for
+    good. Local sessions and `spark.default.parallelism` are taken as they are. On a cluster it
+    waits (at most `wait_s`) for the cores `spark.cores.max` asks for, or, without it, for the
+    registered cores to hold still for `settle_s` once an executor is there.
+
+    >>> class Context:  # two executors of 2 cores register on the fourth look
+    ...     master, looks = "spark://10.0.0.5:7077", 0
+    ...     def getConf(self): return {"spark.cores.max": "4"}
+    ...     @property
+    ...     def defaultParallelism(self):
+    ...         self.looks += 1
+    ...         return 4 if self.looks >= 4 else 2
+    >>> class Session: sparkContext = Context()
+    >>> cluster_parallelism(Session(), sleep=lambda s: None)
+    4
+    """
+    context = spark.sparkContext
+    conf = context.getConf()
+    if context.master.startswith("local") or conf.get("spark.default.parallelism") is not None:
+        return int(context.defaultParallelism)
+    wanted = int(conf.get("spark.cores.max") or 0)
+    started = clock()
+    cores, since = int(context.defaultParallelism), started
+    while clock() - started < wait_s and not (wanted and cores >= wanted):
+        sleep(0.25)
+        now = int(context.defaultParallelism)
+        if now != cores:
+            cores, since = now, clock()
+        elif not wanted and clock() - since >= settle_s and _executors(context) > 0:
+            break
+    return cores
+
+
+def _executors(context: Any) -> int:
+    """Executors registered with the driver (Spark lists the driver too)."""
+    return len(context._jsc.sc().statusTracker().getExecutorInfos()) - 1
 
 
 def _project_path() -> str:

@@ -25,13 +25,14 @@ from millstream.spark.runner import SparkRunner
 master, root, checkpoints = sys.argv[1:4]
 spec = TrafficSpec(events=4000, keys=5, seed=8)
 runner = SparkRunner(build_pipeline(spec), root=root, checkpoint_root=checkpoints, master=master,
-                     spark_conf={"spark.executor.memory": "1g", "spark.cores.max": "2"})
+                     spark_conf={"spark.executor.memory": "1g", "spark.cores.max": "3"})
 runner.run(timeout=240)
 truth = expected_output(spec)
 rows = lambda records: sorted((r.key, r.value["bucket"], r.value["count"]) for r in records)
 assert rows(runner.read_stream("windows")) == truth["windows"], "windows differ"
 assert rows(runner.read_stream("dips")) == truth["dips"], "dips differ"
 print("MASTER", runner.spark.sparkContext.master, "APP", runner.spark.sparkContext.applicationId)
+print("STATE PARTITIONS", runner.spark.conf.get("spark.sql.shuffle.partitions"))
 """
 
 
@@ -67,7 +68,7 @@ def cluster(tmp_path_factory):
     try:
         wait_for_log(master_log, "I have been elected leader", master)
         worker = subprocess.Popen([SPARK_CLASS, "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
-                                   "--cores", "2", "--memory", "2g", "--webui-port", str(free_port()), master_url],
+                                   "--cores", "3", "--memory", "2g", "--webui-port", str(free_port()), master_url],
                                   env=env, stdout=open(worker_log, "w"), stderr=subprocess.STDOUT)
         wait_for_log(worker_log, "Successfully registered with master", worker)
         yield master_url, master_log, env
@@ -93,6 +94,9 @@ def test_pipeline_runs_unchanged_on_a_standalone_cluster_with_a_remote_root(tmp_
                          cwd=ROOT_DIR, env=env, capture_output=True, text=True, timeout=400)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert f"MASTER {master_url}" in run.stdout
+    # Parallelism follows the cluster (the worker's 3 cores; Spark's own default before its
+    # executors register is 2), not what the driver saw the moment its session started.
+    assert "STATE PARTITIONS 3" in run.stdout, run.stdout[-2000:]
     # the work ran in an executor the master placed on the worker, not in the driver
     assert executors_launched(master_log) > before
 
