@@ -106,15 +106,20 @@ def _main(argv: Sequence[str] | None) -> int:
 
 # -- millstream rescale -------------------------------------------------------------------------------
 def rescale_root(args: argparse.Namespace) -> int:
-    if not os.path.exists(os.path.join(args.root, LAYOUT_FILE)):
+    from millstream.spark.storage import Storage, is_local
+
+    local = is_local(args.root)
+    root = os.path.abspath(args.root) if local else args.root
+    if not Storage(root).exists(LAYOUT_FILE):
         raise UsageError(f"{args.root} is not a millstream root (no {LAYOUT_FILE})")
     check_master(args.master)
     from millstream.spark.rescale import RescaleError, rescale
     from millstream.spark.session import create_session
 
-    spark = create_session(args.master, "millstream-rescale", log_path=os.path.join(args.root, "spark.log"))
+    log_path = os.path.join(root, "spark.log") if local else None
+    spark = create_session(args.master, "millstream-rescale", log_path=log_path)
     try:
-        done = rescale(spark, os.path.abspath(args.root), args.parallelism, args.computation)
+        done = rescale(spark, root, args.parallelism, args.computation)
     except RescaleError as error:
         raise UsageError(str(error)) from None
     finally:

@@ -86,3 +86,23 @@ def test_rescaling_halfway_gives_the_output_of_a_run_that_never_rescaled(spark, 
     resumed = SparkRunner(pipeline(), root=root, spark=spark, key_groups=8)
     resumed.run(timeout=300)
     assert output(resumed) == expected and len(expected) > 100
+
+
+def test_the_rescale_command_changes_a_stopped_roots_tasks_and_refuses_what_is_not_a_root(spark, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    root = str(tmp_path / "root")
+    SparkRunner(pipeline(), root=root, spark=spark, key_groups=8, parallelism=2).run(timeout=300)
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    command = [sys.executable, "-m", "millstream", "rescale"]
+    done = subprocess.run([*command, root, "--parallelism", "3", "--master", "local[1]"], cwd=here,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert "windower: 2 -> 3 state partitions" in done.stdout and "arrivals: 2 -> 3" in done.stdout
+    assert {n: state_partitions(checkpoint_of(root, n)) for n in ("windower", "arrivals")} == {
+        "windower": 3, "arrivals": 3}
+    refused = subprocess.run([*command, str(tmp_path), "--parallelism", "3"], cwd=here, capture_output=True,
+                             text=True, timeout=120)
+    assert refused.returncode == 2 and "is not a millstream root" in refused.stderr + refused.stdout
