@@ -104,3 +104,20 @@ def test_a_file_moves_to_a_sink_on_another_local_filesystem(tmp_path):
         import shutil
 
         shutil.rmtree(sink_dir, ignore_errors=True)
+
+
+def test_a_file_moves_between_two_locations_of_one_object_store_without_passing_through_this_process(
+        s3_server, monkeypatch):
+    """A remote root and a file sink on the same store: the store copies the object itself, so the
+    driver delivering a batch never carries its bytes."""
+    root, sink = Storage(s3_server.location("root")), Storage(s3_server.location("sink"))
+    root.write("staging/part-0.jsonl", b'{"n": 1}\n' * 1000)
+
+    def no_read(self, path):
+        raise AssertionError(f"read {path} through this process")
+
+    monkeypatch.setattr(Storage, "read", no_read)
+    root.move_to("staging/part-0.jsonl", sink, "p-000000000001-part-0.jsonl")
+    monkeypatch.undo()
+    assert sink.read("p-000000000001-part-0.jsonl") == b'{"n": 1}\n' * 1000
+    assert not root.exists("staging/part-0.jsonl")

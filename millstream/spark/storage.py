@@ -273,8 +273,9 @@ class Storage:
         self.fs.move(self._full(source), full)
 
     def move_to(self, path: str, target: "Storage", target_path: str) -> None:
-        """Move a file to another location: a rename on one local filesystem, else a copy (under a
-        temporary name, then renamed, on another local filesystem) and a delete."""
+        """Move a file to another location: a rename on one local filesystem, a copy (under a
+        temporary name, then renamed) on another; within one object store, the store's own move;
+        else a copy through this process and a delete."""
         if self.local and target.local:
             source, final = self._full(path), target._full(target_path)
             target.fs.create_dir(posixpath.dirname(final), recursive=True)
@@ -291,6 +292,12 @@ class Storage:
                 os.fsync(out.fileno())
             os.replace(tmp, final)
             os.remove(source)
+            return
+        if not self.local and not target.local and self.fs.equals(target.fs):
+            # One store: it moves the object itself (a server-side copy on S3 and GCS, a rename on HDFS).
+            final = target._full(target_path)
+            target.fs.create_dir(posixpath.dirname(final), recursive=True)
+            self.fs.move(self._full(path), final)
             return
         target.write(target_path, self.read(path) or b"")
         self.delete(path)
