@@ -164,6 +164,8 @@ def deliver_with_spark(spark: Any, pipeline: Pipeline, node: SinkNode, producer:
 
         frame = frame.withColumn("millstream_producer", F.lit(producer)).withColumn("millstream_batch", F.lit(batch))
         if not spark.catalog.tableExists(node.table):
+            _register_written_table(spark, node)
+        if not spark.catalog.tableExists(node.table):
             frame.write.partitionBy("millstream_producer", "millstream_batch").options(**node.options).saveAsTable(
                 node.table)
         else:
@@ -178,6 +180,23 @@ def deliver_with_spark(spark: Any, pipeline: Pipeline, node: SinkNode, producer:
     else:
         target = f"{node.path.rstrip('/')}/producer={producer}/batch={batch:012d}"  # type: ignore[union-attr]
         frame.write.mode("overwrite").format(node.format).options(**node.options).save(target)
+
+
+def _register_written_table(spark: Any, node: SinkNode) -> None:
+    """A catalog that forgot the table (Spark's in-memory one, after a restart) while its files
+    are still there: the table is registered again over them, so delivery goes on appending
+    instead of failing to create it over a non-empty location."""
+    table = node.table or ""
+    database, _, name = table.rpartition(".")
+    location = node.options.get("path") or (
+        f"{spark.catalog.getDatabase(database or spark.catalog.currentDatabase()).locationUri.rstrip('/')}/"
+        f"{name.lower()}")
+    jvm = spark._jvm
+    path = jvm.org.apache.hadoop.fs.Path(location)
+    if not path.getFileSystem(spark._jsc.hadoopConfiguration()).exists(path):
+        return
+    spark.catalog.createTable(table, path=location, source=spark.conf.get("spark.sql.sources.default"))
+    spark.sql(f"ALTER TABLE {table} RECOVER PARTITIONS")
 
 
 def deliver_jdbc(spark: Any, frame: Any, node: SinkNode, producer: str, batch: int) -> None:

@@ -5,6 +5,8 @@ progress was recorded) without holding anything twice. The expected windows are 
 
 import json
 import os
+import subprocess
+import sys
 
 from bucket_counter import BucketCounter
 
@@ -80,3 +82,37 @@ def test_every_kind_of_sink_holds_each_window_once_after_a_redelivery_of_every_b
             deliver("windower", entry["batch"], entry)
     assert read_all() == {"csv": expected, "table": expected, "db": expected, "mine": expected}
     spark.sql("DROP TABLE sunk_windows")
+
+
+def table_pipeline(base):
+    injector = GeneratorInjector(lambda i: Record(f"k{i % KEYS}", i, 7 * i), EVENTS, lambda n: 7 * n,
+                                 max_records_per_read=250)
+    return (Pipeline("tables").add_injector("src", injector, "in")
+            .add_computation("windower", BucketCounter(), ["in"], ["windows"])
+            .add_sink("external", "windows", table="external_windows", options={"path": f"{base}/external"})
+            .add_sink("managed", "windows", table="managed_windows"))
+
+
+def test_table_sinks_go_on_after_a_restart_whose_catalog_forgot_them(spark, tmp_path):
+    """Spark's default catalog lives in the driver: a driver killed after a table took a batch and
+    restarted finds no table, only its files. Delivery registers the table again over them and goes
+    on; each window is there once."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join((os.path.dirname(os.path.dirname(here)),
+                                                         os.path.dirname(here)))}
+    command = [sys.executable, os.path.abspath(__file__), str(tmp_path)]
+    killed = subprocess.run(command, env={**env, "MILLSTREAM_KILL_AT": "delivered@windower:3"},
+                            start_new_session=True, capture_output=True, text=True, timeout=600)
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    env.pop("MILLSTREAM_KILL_AT", None)
+    finished = subprocess.run(command, env=env, start_new_session=True, capture_output=True, text=True,
+                              timeout=600)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    for location in (tmp_path / "external", tmp_path / "warehouse" / "managed_windows"):
+        assert windows(spark.read.parquet(str(location)).collect()) == expected_windows(), location
+
+
+if __name__ == "__main__":  # the driver process of the restart test
+    base = sys.argv[1]
+    SparkRunner(table_pipeline(base), root=f"{base}/root", master="local[2]", max_records_per_batch=250,
+                spark_conf={"spark.sql.warehouse.dir": f"{base}/warehouse"}).run(timeout=500)
