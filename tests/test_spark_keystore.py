@@ -218,3 +218,20 @@ def test_an_expiry_spark_never_committed_is_done_again_and_committed():
     lost, whole = Head.loads(spark.head), Head.loads(reference.head)
     assert lost.watermark == whole.watermark == 100 + HORIZON + 1
     assert (lost.first_id, lost.next_id, lost.live_bytes) == (whole.first_id, whole.next_id, whole.live_bytes)
+
+
+def test_a_horizon_raised_on_a_restart_never_brings_back_ids_already_forgotten():
+    """Ids stay in the chunks after they expire (expiry is a function of the watermark): a rebuild
+    under a larger horizon must not find again what every cache had already forgotten."""
+    spark = FakeSpark()
+    store = SparkKeyStore(spark, spark, "ns", 0)
+    store.save({"k": stored(1)}, [("k", "r1", 100)], 100, 1_000)
+    spark.commit()
+    store = SparkKeyStore(spark, spark, "ns", 0)
+    store.save({"k": stored(2)}, [], 2_000, 1_000)  # r1 expires: 100 < 2,000 - 1,000
+    spark.commit()
+    store = SparkKeyStore(spark, spark, "ns", 0)
+    store.save({"k": stored(3)}, [], 2_010, 10_000)  # restarted with a 10 s horizon
+    spark.commit()
+    assert ("k", "r1") not in store.seen_ids()
+    assert ("k", "r1") not in committed_seen(spark)

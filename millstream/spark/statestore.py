@@ -276,6 +276,10 @@ class SparkKeyStore:
     def save(self, changes: dict[str, StoredKey | None], seen: list[tuple[str, str, int]], low_watermark: int,
              horizon_ms: int) -> None:
         head, cache = self.head, self.cache
+        if head.watermark is not None:
+            # Ids stay in the chunks once expired: a horizon raised since (a restart with another
+            # dedup_horizon_ms) must not reach back past what was already forgotten.
+            horizon_ms = min(horizon_ms, low_watermark - (head.watermark - head.horizon_ms))
         expired_before = len(cache.keys.dedup)
         cache.expire(low_watermark, horizon_ms)
         if not changes and not seen:
