@@ -235,3 +235,17 @@ def test_a_horizon_raised_on_a_restart_never_brings_back_ids_already_forgotten()
     spark.commit()
     assert ("k", "r1") not in store.seen_ids()
     assert ("k", "r1") not in committed_seen(spark)
+
+
+def test_a_key_group_with_nothing_to_do_reads_no_chunk_while_the_watermark_moves():
+    """Every batch steps every key group (the heartbeat): one that changes nothing and forgets no
+    id must go on from its cache, not rebuild it from Spark's state."""
+    spark = FakeSpark()
+    batch(spark, {f"k{i}": stored(i) for i in range(20)}, seen=[("k1", "r1", 0)], watermark=0)
+    for n in range(1, 6):
+        batch(spark, {f"k{n}": stored(100 + n)}, watermark=n)
+    spark.chunk_reads = 0
+    for watermark in range(10, 200, 10):
+        batch(spark, {}, watermark=watermark)
+    assert spark.chunk_reads == 0
+    assert ("k1", "r1") in SparkKeyStore(spark, spark, "ns", 0).seen_ids()

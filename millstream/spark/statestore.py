@@ -99,7 +99,7 @@ class _Cache:
     next_id: int = 0
     token: str | None = None
     live_bytes: int = 0
-    watermark: int | None = None  # its dedup ids are expired as of this watermark
+    watermark: int | None = None  # the latest watermark its expiry forgot dedup ids at
 
     def at(self, head: Head) -> bool:
         """Whether this cache holds `head`'s state: the same chain, its ids expired no further than
@@ -152,8 +152,11 @@ class _Cache:
 
     def expire(self, watermark: int | None, horizon_ms: int) -> None:
         if watermark is not None:
+            before = len(self.keys.dedup)
             self.keys.dedup.expire(watermark, horizon_ms)
-            self.watermark = watermark if self.watermark is None else max(self.watermark, watermark)
+            # Nothing forgotten: the ids are as the head's watermark left them, whatever this one is.
+            if len(self.keys.dedup) != before:
+                self.watermark = watermark if self.watermark is None else max(self.watermark, watermark)
 
     @property
     def size(self) -> int:
