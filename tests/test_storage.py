@@ -121,3 +121,35 @@ def test_a_file_moves_between_two_locations_of_one_object_store_without_passing_
     monkeypatch.undo()
     assert sink.read("p-000000000001-part-0.jsonl") == b'{"n": 1}\n' * 1000
     assert not root.exists("staging/part-0.jsonl")
+
+
+def test_a_copy_to_another_filesystem_that_fails_leaves_nothing_a_reader_of_the_sink_sees(tmp_path, monkeypatch):
+    """Spark's readers skip names starting with '.' or '_': a copy in progress, or one that failed,
+    must not be read as a file of the sink."""
+    import errno
+    import os
+    import shutil
+
+    from millstream.spark import storage
+
+    root, sink = Storage(str(tmp_path / "root")), Storage(str(tmp_path / "sink"))
+    root.write("staging/part-0.jsonl", b'{"n": 1}\n' * 100_000)
+    real_replace = os.replace
+
+    def replace(source, target):
+        if "/staging/" in source:
+            raise OSError(errno.EXDEV, "Invalid cross-device link")
+        return real_replace(source, target)
+
+    def copy_half(source, target, size):
+        target.write(source.read(1 << 16))
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(storage.os, "replace", replace)
+    monkeypatch.setattr(storage.shutil, "copyfileobj", copy_half)
+    with pytest.raises(OSError, match="No space left"):
+        root.move_to("staging/part-0.jsonl", sink, "p-000000000001-part-0.jsonl")
+    assert [name for name in os.listdir(tmp_path / "sink") if not name.startswith((".", "_"))] == []
+    assert root.exists("staging/part-0.jsonl")
+    monkeypatch.undo()
+    shutil.rmtree(tmp_path / "sink")

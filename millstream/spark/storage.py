@@ -18,6 +18,7 @@ a conditional put with `If-None-Match: *`). The fenced publication log is built 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -285,12 +286,19 @@ class Storage:
             except OSError as error:
                 if error.errno != errno.EXDEV:
                     raise
-            tmp = f"{final}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-            with open(source, "rb") as src, open(tmp, "wb") as out:
-                shutil.copyfileobj(src, out, 1 << 20)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(tmp, final)
+            # Hidden while it is copied (readers skip names starting with '.'), and gone if it fails.
+            folder, name = os.path.split(final)
+            tmp = os.path.join(folder, f".{name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+            try:
+                with open(source, "rb") as src, open(tmp, "wb") as out:
+                    shutil.copyfileobj(src, out, 1 << 20)
+                    out.flush()
+                    os.fsync(out.fileno())
+                os.replace(tmp, final)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.remove(tmp)
+                raise
             os.remove(source)
             return
         if not self.local and not target.local and self.fs.equals(target.fs):
