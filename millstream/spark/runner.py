@@ -217,7 +217,10 @@ class SparkRunner:
         self.sinks.start()
         self.publisher.start()
         self._ensure_listener()
-        parallelism = self._parallelism or cluster_parallelism(spark)
+        # A root's parallelism is its first start's (kept in Spark's checkpoints): only a new one waits
+        # for a cluster's executors.
+        parallelism = self._parallelism or (cluster_parallelism(spark) if self.group_labels is None
+                                            else int(spark.sparkContext.defaultParallelism))
         self._choose_labels(parallelism)
         spark.conf.set("spark.sql.shuffle.partitions", str(max(1, min(parallelism, self.key_groups))))
         self.feeds.start(self.pipeline.name)

@@ -93,28 +93,45 @@ def check_session(spark: Any) -> None:
 def cluster_parallelism(spark: Any, wait_s: float = 60.0, settle_s: float = 2.0,
                         clock: Callable[[], float] = time.monotonic,
                         sleep: Callable[[float], None] = time.sleep) -> int:
-    """The session's default parallelism once a cluster's executors have registered: they register
-    after the session starts, and until then Spark's default is 2, which a new root would keep for
-    good. Local sessions and `spark.default.parallelism` are taken as they are. On a cluster it
-    waits (at most `wait_s`) for the cores `spark.cores.max` asks for, or, without it, for the
-    registered cores to hold still for `settle_s` once an executor is there.
+    """The cores a new root's computations should run on: a cluster's executors register after the
+    session starts, and until then Spark's default parallelism is 2, which a new root would keep.
+
+    - local[N] and `spark.default.parallelism`: taken as they are;
+    - dynamic allocation: its `maxExecutors` x `spark.executor.cores` when both are set (what the
+      cluster can grow to), else the default, without waiting (no executor may come before a job);
+    - otherwise it waits, at most `wait_s`, for the cores the session asks for
+      (`spark.cores.max`, or `spark.executor.instances` x `spark.executor.cores`), or, when it asks
+      for none, for the registered cores to hold still for `settle_s` once an executor is there.
 
     >>> class Context:  # two executors of 2 cores register on the fourth look
     ...     master, looks = "spark://10.0.0.5:7077", 0
-    ...     def getConf(self): return {"spark.cores.max": "4"}
+    ...     def __init__(self, conf): self.conf = conf
+    ...     def getConf(self): return self.conf
     ...     @property
     ...     def defaultParallelism(self):
     ...         self.looks += 1
     ...         return 4 if self.looks >= 4 else 2
-    >>> class Session: sparkContext = Context()
-    >>> cluster_parallelism(Session(), sleep=lambda s: None)
+    >>> class Session:
+    ...     def __init__(self, **conf): self.sparkContext = Context(conf)
+    >>> cluster_parallelism(Session(**{"spark.cores.max": "4"}), sleep=lambda s: None)
     4
+    >>> cluster_parallelism(Session(**{"spark.executor.instances": "2", "spark.executor.cores": "2"}),
+    ...                     sleep=lambda s: None)
+    4
+    >>> cluster_parallelism(Session(**{"spark.dynamicAllocation.enabled": "true",
+    ...     "spark.dynamicAllocation.maxExecutors": "10", "spark.executor.cores": "4"}))
+    40
     """
     context = spark.sparkContext
     conf = context.getConf()
-    if context.master.startswith("local") or conf.get("spark.default.parallelism") is not None:
+    master = context.master
+    if master == "local" or master.startswith("local[") or conf.get("spark.default.parallelism") is not None:
         return int(context.defaultParallelism)
-    wanted = int(conf.get("spark.cores.max") or 0)
+    executor_cores = int(conf.get("spark.executor.cores") or 0)
+    if (conf.get("spark.dynamicAllocation.enabled") or "").lower() == "true":
+        most = int(conf.get("spark.dynamicAllocation.maxExecutors") or 0)
+        return most * executor_cores if most and executor_cores else int(context.defaultParallelism)
+    wanted = int(conf.get("spark.cores.max") or 0) or int(conf.get("spark.executor.instances") or 0) * executor_cores
     started = clock()
     cores, since = int(context.defaultParallelism), started
     while clock() - started < wait_s and not (wanted and cores >= wanted):
