@@ -123,6 +123,7 @@ def test_a_jdbc_sink_takes_a_url_and_a_table_and_no_path():
         base().add_sink("out", "events", format="jdbc", options={"url": db["url"]})
     sink = base().add_sink("out", "events", format="jdbc", options=db).sinks["out"]
     assert sink.is_jdbc and not sink.is_file_sink
+    assert base().add_sink("out", "events", format="jdbc", options={"URL": db["url"], "dbTable": "w"}).sinks["out"]
 
 
 @pytest.mark.parametrize("obj, shown", [

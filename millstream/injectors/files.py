@@ -24,8 +24,10 @@ are spread over n partitions by a hash of their name, each read by its own Spark
 its own watermark (with `creation="name"`, a partition bounds its files not yet visible by the newest
 file of the whole directory, so a partition without files does not hold the watermark back).
 
-An offset lists the files read that are still in the directory: delete files once read (and past
-the dedup horizon, should one come back) and offsets stay small however long the injector runs.
+An offset lists the files read that are still in the directory: delete files once read and
+offsets stay small however long the injector runs. A file a listing missed for a moment (some
+network filesystems) counts as gone and is read again when it shows up: its records keep their ids,
+so the copies are discarded within the dedup horizon.
 """
 
 from __future__ import annotations

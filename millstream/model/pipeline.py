@@ -274,7 +274,8 @@ class Pipeline:
             if path is not None or writer is not None or table is not None:
                 raise PipelineError(f"sink {name!r}: a JDBC sink takes options url= and dbtable=, not path=, "
                                     "writer= or table=")
-            if not options or not options.get("url") or not options.get("dbtable"):
+            given = {option.lower(): value for option, value in (options or {}).items()}  # as Spark reads them
+            if not given.get("url") or not given.get("dbtable"):
                 raise PipelineError(f"sink {name!r}: a JDBC sink needs options url= and dbtable=")
         elif len([x for x in (path, writer, table) if x is not None]) != 1:
             raise PipelineError(f"sink {name!r}: give exactly one of path=, writer= or table= "

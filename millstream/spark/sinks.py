@@ -24,6 +24,7 @@ driver never holds the records.
 from __future__ import annotations
 
 import queue
+import re
 import threading
 import time
 from typing import Any, Callable
@@ -191,54 +192,98 @@ def _register_written_table(spark: Any, node: SinkNode) -> None:
     location = node.options.get("path") or (
         f"{spark.catalog.getDatabase(database or spark.catalog.currentDatabase()).locationUri.rstrip('/')}/"
         f"{name.lower()}")
-    jvm = spark._jvm
-    path = jvm.org.apache.hadoop.fs.Path(location)
-    if not path.getFileSystem(spark._jsc.hadoopConfiguration()).exists(path):
+    path = spark._jvm.org.apache.hadoop.fs.Path(location)
+    fs = path.getFileSystem(spark._jsc.hadoopConfiguration())
+    if not fs.exists(path):
         return
-    spark.catalog.createTable(table, path=location, source=spark.conf.get("spark.sql.sources.default"))
-    spark.sql(f"ALTER TABLE {table} RECOVER PARTITIONS")
+    names = [status.getPath().getName() for status in fs.listStatus(path)]
+    if any(name.startswith("millstream_producer=") for name in names):
+        # Registered as an external table: dropping it no longer deletes its files.
+        spark.catalog.createTable(table, path=location, source=spark.conf.get("spark.sql.sources.default"))
+        spark.sql(f"ALTER TABLE {table} RECOVER PARTITIONS")
+    elif all(name.startswith(("_", ".")) for name in names):
+        fs.delete(path, True)  # what a first delivery that died left (_temporary): no batch in it yet
+
+
+class SinkError(RuntimeError):
+    """A sink's target cannot take millstream's batches as it is (the message says why)."""
 
 
 def deliver_jdbc(spark: Any, frame: Any, node: SinkNode, producer: str, batch: int) -> None:
     """Append the batch to the database table, first deleting what an earlier delivery of the same
-    batch wrote (it may have died half-way: Spark's JDBC writer commits per task). Readers can see a
-    redelivered batch missing or partial for a moment, never twice."""
+    batch wrote (it may have died half-way). Readers can see a redelivered batch missing or partial
+    for a moment. Within one delivery Spark's JDBC writer commits per task: a task that committed
+    and is run again (its executor lost before it reported) writes its rows twice, with the same
+    record ids."""
     from pyspark.sql import functions as F
 
+    options = {name.lower(): value for name, value in node.options.items()}  # Spark's are case-blind
+    url, table = options["url"], options["dbtable"]
     jvm = spark._jvm
-    options = jvm.java.util.HashMap()
+    given = jvm.java.util.HashMap()
     for name, value in node.options.items():
-        options.put(name, value)
+        given.put(name, value)
     jdbc = jvm.org.apache.spark.sql.execution.datasources.jdbc.JDBCOptions(
-        jvm.org.apache.spark.api.python.PythonUtils.toScalaMap(options))
-    dialect = jvm.org.apache.spark.sql.jdbc.JdbcDialects.get(node.options["url"])
+        jvm.org.apache.spark.api.python.PythonUtils.toScalaMap(given))
+    dialect = jvm.org.apache.spark.sql.jdbc.JdbcDialects.get(url)
     connection = dialect.createConnectionFactory(jdbc).apply(-1)
     try:
-        table = node.options["dbtable"]
-        try:
-            connection.prepareStatement(f"SELECT 1 FROM {table} WHERE 1 = 0").executeQuery().close()
-            exists = True
-        except Exception:  # Spark's own test for a table (JdbcUtils.tableExists)
-            exists = False
-        if exists:
-            delete = connection.prepareStatement(
-                f"DELETE FROM {table} WHERE {dialect.quoteIdentifier('millstream_producer')} = ? "
-                f"AND {dialect.quoteIdentifier('millstream_batch')} = ?")
+        columns = _jdbc_columns(connection, table)
+        if columns is not None:
+            names = [columns.get(column) for column in ("millstream_producer", "millstream_batch")]
+            if None in names:
+                raise SinkError(f"sink {node.name!r}: table {table} has no columns millstream_producer and "
+                                "millstream_batch, which a redelivered batch's rows are found by; let millstream "
+                                "create the table, or add them (a string of up to 64 characters and a bigint)")
+            delete = connection.prepareStatement(f"DELETE FROM {table} WHERE {dialect.quoteIdentifier(names[0])} = ? "
+                                                 f"AND {dialect.quoteIdentifier(names[1])} = ?")
             delete.setString(1, producer)
             delete.setLong(2, batch)
             delete.executeUpdate()
             if not connection.getAutoCommit():
                 connection.commit()
+        # Spark's default for a string column is a text type some databases cannot compare (Derby's CLOB).
+        types = options.get("createtablecolumntypes", "")
+        write = {name: value for name, value in node.options.items() if name.lower() != "createtablecolumntypes"}
+        if "millstream_producer" not in types:
+            types = ", ".join(filter(None, (types, "millstream_producer VARCHAR(64)")))
+        write["createTableColumnTypes"] = types
+        (frame.withColumn("millstream_producer", F.lit(producer))
+         .withColumn("millstream_batch", F.lit(batch).cast("long"))
+         .write.format("jdbc").options(**write).mode("append").save())
+        if columns is None:
+            _index_batches(connection, dialect, table)
     finally:
         connection.close()
-    write = dict(node.options)
-    # Spark's default for a string column is a text type some databases cannot compare (Derby's CLOB).
-    types = write.get("createTableColumnTypes", "")
-    if "millstream_producer" not in types:
-        write["createTableColumnTypes"] = ", ".join(filter(None, (types, "millstream_producer VARCHAR(64)")))
-    (frame.withColumn("millstream_producer", F.lit(producer))
-     .withColumn("millstream_batch", F.lit(batch).cast("long"))
-     .write.format("jdbc").options(**write).mode("append").save())
+
+
+def _index_batches(connection: Any, dialect: Any, table: str) -> None:
+    """An index on the batch columns of a table this delivery created, so the next deliveries'
+    deletes do not scan it; best effort (a database may refuse the name, or the right to create it)."""
+    index = "millstream_" + re.sub(r"\W", "_", table)[:19]
+    try:
+        connection.prepareStatement(
+            f"CREATE INDEX {index} ON {table} ({dialect.quoteIdentifier('millstream_producer')}, "
+            f"{dialect.quoteIdentifier('millstream_batch')})").executeUpdate()
+        if not connection.getAutoCommit():
+            connection.commit()
+    except Exception:
+        if not connection.getAutoCommit():
+            connection.rollback()
+
+
+def _jdbc_columns(connection: Any, table: str) -> dict[str, str] | None:
+    """The table's column names as the database spells them, by their lower-case name; None when
+    there is no such table (Spark's own test for one: a query that reads no row)."""
+    try:
+        rows = connection.prepareStatement(f"SELECT * FROM {table} WHERE 1 = 0").executeQuery()
+    except Exception:
+        return None
+    try:
+        meta = rows.getMetaData()
+        return {meta.getColumnName(i).lower(): meta.getColumnName(i) for i in range(1, meta.getColumnCount() + 1)}
+    finally:
+        rows.close()
 
 
 def sink_deliverers(spark: Any, root: str, pipeline: Pipeline,

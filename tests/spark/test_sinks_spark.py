@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from bucket_counter import BucketCounter
 
 from millstream import GeneratorInjector, Pipeline, Record
@@ -49,8 +50,24 @@ def windows(rows):
     return sorted((row["key"], *json.loads(row["value"])) for row in rows)
 
 
+def run_sql(spark, url, statement):
+    # Derby writes its log to the working directory unless told otherwise, when it first starts.
+    spark._jvm.java.lang.System.setProperty("derby.stream.error.file", url.split(":")[2].split(";")[0] + ".log")
+    connection = spark._jvm.java.sql.DriverManager.getConnection(url)
+    try:
+        connection.createStatement().executeUpdate(statement)
+    finally:
+        connection.close()
+
+
 def test_every_kind_of_sink_holds_each_window_once_after_a_redelivery_of_every_batch(spark, tmp_path):
     jdbc = {"url": f"jdbc:derby:{tmp_path / 'db'};create=true", "dbtable": "windows"}
+    # A table of the user's own, its columns named without quotes (Derby keeps them in upper case),
+    # its options spelled as Spark also accepts them.
+    own = {"URL": jdbc["url"], "dbTable": "own_windows"}
+    run_sql(spark, jdbc["url"], 'CREATE TABLE own_windows ("key" VARCHAR(64), "timestamp" BIGINT, "id" VARCHAR(128), '
+                                '"value" VARCHAR(1000), "producer" VARCHAR(64), millstream_producer VARCHAR(64), '
+                                'millstream_batch BIGINT)')
     writer = FilePerBatch(str(tmp_path / "writer"))
     injector = GeneratorInjector(lambda i: Record(f"k{i % KEYS}", i, 7 * i), EVENTS, lambda n: 7 * n,
                                  max_records_per_read=250)
@@ -59,6 +76,7 @@ def test_every_kind_of_sink_holds_each_window_once_after_a_redelivery_of_every_b
                 .add_sink("csv", "windows", str(tmp_path / "csv"), format="csv", options={"header": "true"})
                 .add_sink("table", "windows", table="sunk_windows", options={"path": str(tmp_path / "table")})
                 .add_sink("db", "windows", format="jdbc", options=jdbc)
+                .add_sink("own", "windows", format="jdbc", options=own)
                 .add_sink("mine", "windows", writer=writer))
     root = str(tmp_path / "root")
     SparkRunner(pipeline, root=root, spark=spark, max_records_per_batch=250).run(progress_interval=0.2, timeout=300)
@@ -69,10 +87,23 @@ def test_every_kind_of_sink_holds_each_window_once_after_a_redelivery_of_every_b
         db = spark.read.format("jdbc").options(**jdbc).load().collect()
         mine = [row for name in sorted(os.listdir(tmp_path / "writer"))
                 for row in json.load(open(tmp_path / "writer" / name))]
-        return {"csv": windows(csv), "table": windows(table), "db": windows(db), "mine": windows(mine)}
+        own_rows = [{k.lower(): v for k, v in row.asDict().items()}
+                    for row in spark.read.format("jdbc").options(url=jdbc["url"], dbtable="own_windows").load().collect()]
+        return {"csv": windows(csv), "table": windows(table), "db": windows(db), "own": windows(own_rows),
+                "mine": windows(mine)}
 
     expected = expected_windows()
-    assert read_all() == {"csv": expected, "table": expected, "db": expected, "mine": expected}
+    everywhere = {"csv": expected, "table": expected, "db": expected, "own": expected, "mine": expected}
+    assert read_all() == everywhere
+    connection = spark._jvm.java.sql.DriverManager.getConnection(jdbc["url"])
+    try:  # the table millstream created has an index on the columns a redelivery deletes by
+        found = connection.getMetaData().getIndexInfo(None, None, "WINDOWS", False, False)
+        indexes = set()
+        while found.next():
+            indexes.add(found.getString("INDEX_NAME"))
+    finally:
+        connection.close()
+    assert "MILLSTREAM_WINDOWS" in indexes, indexes
     batches = [entry for _, entry in PublicationLog(root, "windower").entries_after(-1, 1 << 30)
                if entry["type"] == BATCH]
     assert len(batches) > 3 and writer.calls == len(batches)
@@ -80,8 +111,21 @@ def test_every_kind_of_sink_holds_each_window_once_after_a_redelivery_of_every_b
     for _node, _producers, deliver in sink_deliverers(spark, root, pipeline, {"windower"}).values():
         for entry in batches:  # every batch delivered again, as after a crash before its progress was kept
             deliver("windower", entry["batch"], entry)
-    assert read_all() == {"csv": expected, "table": expected, "db": expected, "mine": expected}
+    assert read_all() == everywhere
     spark.sql("DROP TABLE sunk_windows")
+
+
+def test_a_jdbc_table_without_the_batch_columns_is_refused_in_one_line(spark, tmp_path):
+    url = f"jdbc:derby:{tmp_path / 'db'};create=true"
+    run_sql(spark, url, 'CREATE TABLE plain ("key" VARCHAR(64))')
+    injector = GeneratorInjector(lambda i: Record(f"k{i % KEYS}", i, 7 * i), 500, lambda n: 7 * n)
+    pipeline = (Pipeline("plainsink").add_injector("src", injector, "in")
+                .add_computation("windower", BucketCounter(), ["in"], ["windows"])
+                .add_sink("db", "windows", format="jdbc", options={"url": url, "dbtable": "plain"}))
+    runner = SparkRunner(pipeline, root=str(tmp_path / "root"), spark=spark)
+    with pytest.raises(Exception) as failed:
+        runner.run(timeout=300)
+    assert "table plain has no columns millstream_producer and millstream_batch" in str(failed.value)
 
 
 def table_pipeline(base):
