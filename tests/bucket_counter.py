@@ -46,3 +46,13 @@ class LateAwareCounter(Computation):
         ctx.produce(Record(ctx.key, {"bucket": bucket, "n": ctx.state(self.counts).get(bucket),
                                      "fired_at": ctx.low_watermark}, timer.time), "windows")
         ctx.state(self.counts).remove(bucket)
+
+
+def counted_windows(points, size_ms: int = 1_000):
+    """What a BucketCounter should produce for (key, timestamp) points, counted in plain Python apart
+    from it: sorted (key, bucket start, count)."""
+    counts = {}
+    for key, timestamp in points:
+        bucket = timestamp - timestamp % size_ms
+        counts[(key, bucket)] = counts.get((key, bucket), 0) + 1
+    return sorted((key, bucket, n) for (key, bucket), n in counts.items())

@@ -10,7 +10,7 @@ its last batch:
 - Spark writers (`path` with any other format): the batch goes to
   `<path>/producer=<producer>/batch=<batch>`, written with mode overwrite: a redelivery replaces it;
 - tables: appended with partition columns millstream_producer and millstream_batch, overwriting
-  only that partition (dynamic partition overwrite);
+  only that partition (INSERT OVERWRITE of the partition named in full);
 - JDBC tables: appended by Spark's JDBC writer with columns millstream_producer and
   millstream_batch, after the driver deleted the rows a previous delivery of the same batch left;
 - user writers: called as writer(dataframe, batch_id), like Spark's foreachBatch: make them
@@ -27,6 +27,7 @@ import queue
 import re
 import threading
 import time
+import uuid
 from typing import Any, Callable
 
 from millstream.model.codecs import JsonCodec
@@ -170,12 +171,15 @@ def deliver_with_spark(spark: Any, pipeline: Pipeline, node: SinkNode, producer:
             frame.write.partitionBy("millstream_producer", "millstream_batch").options(**node.options).saveAsTable(
                 node.table)
         else:
-            previous = spark.conf.get("spark.sql.sources.partitionOverwriteMode")
-            spark.conf.set("spark.sql.sources.partitionOverwriteMode", "dynamic")
+            # The batch's own partition, named in full: only it is replaced, whatever the session's
+            # partitionOverwriteMode (a setting every sink thread and the user's code share).
+            view = f"millstream_delivery_{uuid.uuid4().hex}"
+            frame.drop("millstream_producer", "millstream_batch").createOrReplaceTempView(view)
             try:
-                frame.write.mode("overwrite").insertInto(node.table)
+                spark.sql(f"INSERT OVERWRITE TABLE {node.table} PARTITION (millstream_producer = '{producer}', "
+                          f"millstream_batch = {batch}) SELECT key, timestamp, id, value, producer FROM {view}")
             finally:
-                spark.conf.set("spark.sql.sources.partitionOverwriteMode", previous)
+                spark.catalog.dropTempView(view)
     elif node.is_jdbc:
         deliver_jdbc(spark, frame, node, producer, batch)
     else:

@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from bucket_counter import BucketCounter
+from bucket_counter import BucketCounter, counted_windows
 
 from millstream import Computation, GeneratorInjector, Pipeline, Record
 from millstream.spark.publog import PublicationLog
@@ -31,12 +31,7 @@ def pipeline(out):
 
 
 def expected_windows():
-    """Plain counting, apart from the pipeline."""
-    counts = {}
-    for i in range(EVENTS):
-        key, bucket = f"k{i % KEYS}", (7 * i) - (7 * i) % 1_000
-        counts[(key, bucket)] = counts.get((key, bucket), 0) + 1
-    return sorted((key, bucket, n) for (key, bucket), n in counts.items())
+    return counted_windows((f"k{i % KEYS}", 7 * i) for i in range(EVENTS))
 
 
 def sink_windows(out):

@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from bucket_counter import BucketCounter
+from bucket_counter import BucketCounter, counted_windows
 
 from millstream import GeneratorInjector, Pipeline, Record
 from millstream.spark.publog import BATCH, PublicationLog
@@ -38,11 +38,7 @@ class FilePerBatch:
 
 
 def expected_windows():
-    counts = {}
-    for i in range(EVENTS):
-        key, bucket = f"k{i % KEYS}", (7 * i) - (7 * i) % 1_000
-        counts[(key, bucket)] = counts.get((key, bucket), 0) + 1
-    return sorted((key, bucket, n) for (key, bucket), n in counts.items())
+    return counted_windows((f"k{i % KEYS}", 7 * i) for i in range(EVENTS))
 
 
 def windows(rows):
@@ -126,6 +122,37 @@ def test_a_jdbc_table_without_the_batch_columns_is_refused_in_one_line(spark, tm
     with pytest.raises(Exception) as failed:
         runner.run(timeout=300)
     assert "table plain has no columns millstream_producer and millstream_batch" in str(failed.value)
+
+
+def test_a_table_delivery_replaces_only_its_own_batch_whatever_the_sessions_overwrite_mode(spark, tmp_path):
+    """Sink threads deliver side by side in one session: one that set partitionOverwriteMode for its
+    write and put it back could leave another's overwrite static, which empties the whole table.
+    A delivery must not depend on that setting: here it is static throughout."""
+    from millstream.spark.sinks import deliver_with_spark
+
+    injector = GeneratorInjector(lambda i: Record(f"k{i % KEYS}", i, 7 * i), EVENTS, lambda n: 7 * n,
+                                 max_records_per_read=250)
+    pipeline = (Pipeline("modes").add_injector("src", injector, "in")
+                .add_computation("windower", BucketCounter(), ["in"], ["windows"])
+                .add_sink("table", "windows", table="mode_windows", options={"path": str(tmp_path / "table")}))
+    root = str(tmp_path / "root")
+    SparkRunner(pipeline, root=root, spark=spark, max_records_per_batch=250).run(progress_interval=0.2, timeout=300)
+    expected = windows(spark.table("mode_windows").collect())
+    assert expected == expected_windows()
+    batches = [entry for _, entry in PublicationLog(root, "windower").entries_after(-1, 1 << 30)
+               if entry["type"] == BATCH]
+    previous = spark.conf.get("spark.sql.sources.partitionOverwriteMode")
+    spark.conf.set("spark.sql.sources.partitionOverwriteMode", "static")
+    set_conf = type(spark.conf).set
+    try:  # as if another sink thread put the setting back at once, whatever this delivery sets
+        type(spark.conf).set = lambda self, key, value: None
+        entry = batches[len(batches) // 2]
+        deliver_with_spark(spark, pipeline, pipeline.sinks["table"], "windower", entry["batch"], entry)
+    finally:
+        type(spark.conf).set = set_conf
+        spark.conf.set("spark.sql.sources.partitionOverwriteMode", previous)
+    assert windows(spark.table("mode_windows").collect()) == expected
+    spark.sql("DROP TABLE mode_windows")
 
 
 def table_pipeline(base):
