@@ -1,7 +1,9 @@
 """Every kind of sink on real Spark: a Spark format under a path (csv), a Spark table, a JDBC table
 (Derby, embedded in Spark's JVM) and a user writer each receive every window once, and receive each
 batch once again after a redelivery (a driver that died after a sink took a batch and before its
-progress was recorded) without holding anything twice. The expected windows are counted apart."""
+progress was recorded) without holding anything twice. Table sinks also go on after a restart whose
+catalog forgot them, and a table delivery replaces its own batch alone, whatever the session's
+overwrite mode. The expected windows are counted apart (bucket_counter.counted_windows)."""
 
 import json
 import os
