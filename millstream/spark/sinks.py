@@ -164,17 +164,17 @@ def deliver_with_spark(spark: Any, pipeline: Pipeline, node: SinkNode, producer:
     elif node.table is not None:
         from pyspark.sql import functions as F
 
-        frame = frame.withColumn("millstream_producer", F.lit(producer)).withColumn("millstream_batch", F.lit(batch))
         if not spark.catalog.tableExists(node.table):
             _register_written_table(spark, node)
         if not spark.catalog.tableExists(node.table):
-            frame.write.partitionBy("millstream_producer", "millstream_batch").options(**node.options).saveAsTable(
-                node.table)
+            (frame.withColumn("millstream_producer", F.lit(producer)).withColumn("millstream_batch", F.lit(batch))
+             .write.partitionBy("millstream_producer", "millstream_batch").options(**node.options)
+             .saveAsTable(node.table))
         else:
             # The batch's own partition, named in full: only it is replaced, whatever the session's
             # partitionOverwriteMode (a setting every sink thread and the user's code share).
             view = f"millstream_delivery_{uuid.uuid4().hex}"
-            frame.drop("millstream_producer", "millstream_batch").createOrReplaceTempView(view)
+            frame.createOrReplaceTempView(view)
             try:
                 spark.sql(f"INSERT OVERWRITE TABLE {node.table} PARTITION (millstream_producer = '{producer}', "
                           f"millstream_batch = {batch}) SELECT key, timestamp, id, value, producer FROM {view}")

@@ -150,13 +150,16 @@ class _Cache:
         self.keys.apply(changes)
         self.keys.dedup.add_all(seen)
 
-    def expire(self, watermark: int | None, horizon_ms: int) -> None:
-        if watermark is not None:
-            before = len(self.keys.dedup)
-            self.keys.dedup.expire(watermark, horizon_ms)
-            # Nothing forgotten: the ids are as the head's watermark left them, whatever this one is.
-            if len(self.keys.dedup) != before:
-                self.watermark = watermark if self.watermark is None else max(self.watermark, watermark)
+    def expire(self, watermark: int | None, horizon_ms: int) -> bool:
+        """Forget the dedup ids past the horizon at `watermark`; whether any was forgotten."""
+        if watermark is None:
+            return False
+        before = len(self.keys.dedup)
+        self.keys.dedup.expire(watermark, horizon_ms)
+        if len(self.keys.dedup) == before:
+            return False  # the ids are as the head's watermark left them, whatever this one is
+        self.watermark = watermark if self.watermark is None else max(self.watermark, watermark)
+        return True
 
     @property
     def size(self) -> int:
@@ -283,10 +286,9 @@ class SparkKeyStore:
             # Ids stay in the chunks once expired: a horizon raised since (a restart with another
             # dedup_horizon_ms) must not reach back past what was already forgotten.
             horizon_ms = min(horizon_ms, low_watermark - (head.watermark - head.horizon_ms))
-        expired_before = len(cache.keys.dedup)
-        cache.expire(low_watermark, horizon_ms)
+        forgot = cache.expire(low_watermark, horizon_ms)
         if not changes and not seen:
-            if len(cache.keys.dedup) != expired_before:  # only expiry: note the watermark it happened at
+            if forgot:  # only expiry: note the watermark it happened at
                 head.watermark, head.horizon_ms = low_watermark, horizon_ms
                 self._write_head()
             return
