@@ -106,3 +106,37 @@ def test_the_rescale_command_changes_a_stopped_roots_tasks_and_refuses_what_is_n
     refused = subprocess.run([*command, str(tmp_path), "--parallelism", "3"], cwd=here, capture_output=True,
                              text=True, timeout=120)
     assert refused.returncode == 2 and "is not a millstream root" in refused.stderr + refused.stdout
+
+
+def test_the_rescale_command_on_a_remote_root(spark, tmp_path, s3_server):
+    """A root on an S3 endpoint (Spark's checkpoints local, as this machine's Spark has no S3
+    connector): the command finds each computation's checkpoint through the root, forgets what an
+    interrupted attempt staged on the remote root, and a resumed run adds nothing to the output."""
+    import os
+    import subprocess
+    import sys
+
+    root = s3_server.location("rescaled")
+    runner = SparkRunner(pipeline(), root=root, checkpoint_root=str(tmp_path / "checkpoints"), spark=spark,
+                         key_groups=8, parallelism=2)
+    runner.run(timeout=300)
+    before = output(runner)
+    assert len(before) > 100
+    interrupted = Checkpoint(checkpoint_of(root, "windower")).last_committed() + 1
+    _, last = PublicationLog(root, "windower").last_batch()
+    staged = staged_path("windower", 1, interrupted)
+    Storage(root).write_json(staged, {**last, "batch": interrupted, "offsets": "of the interrupted attempt"})
+
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    done = subprocess.run([sys.executable, "-m", "millstream", "rescale", root, "--parallelism", "3",
+                           "--master", "local[1]"], cwd=here, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert "windower: 2 -> 3 state partitions" in done.stdout and "arrivals: 2 -> 3" in done.stdout
+    assert {n: state_partitions(checkpoint_of(root, n)) for n in ("windower", "arrivals")} == {
+        "windower": 3, "arrivals": 3}
+    assert not Storage(root).exists(staged), "the interrupted attempt's staged output is still there"
+
+    resumed = SparkRunner(pipeline(), root=root, checkpoint_root=str(tmp_path / "checkpoints"), spark=spark,
+                          key_groups=8)
+    resumed.run(timeout=300)
+    assert output(resumed) == before
