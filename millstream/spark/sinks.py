@@ -164,27 +164,56 @@ def deliver_with_spark(spark: Any, pipeline: Pipeline, node: SinkNode, producer:
     elif node.table is not None:
         from pyspark.sql import functions as F
 
-        if not spark.catalog.tableExists(node.table):
-            _register_written_table(spark, node)
-        if not spark.catalog.tableExists(node.table):
-            (frame.withColumn("millstream_producer", F.lit(producer)).withColumn("millstream_batch", F.lit(batch))
-             .write.partitionBy("millstream_producer", "millstream_batch").options(**node.options)
-             .saveAsTable(node.table))
-        else:
-            # The batch's own partition, named in full: only it is replaced, whatever the session's
-            # partitionOverwriteMode (a setting every sink thread and the user's code share).
-            view = f"millstream_delivery_{uuid.uuid4().hex}"
-            frame.createOrReplaceTempView(view)
-            try:
-                spark.sql(f"INSERT OVERWRITE TABLE {node.table} PARTITION (millstream_producer = '{producer}', "
-                          f"millstream_batch = {batch}) SELECT key, timestamp, id, value, producer FROM {view}")
-            finally:
-                spark.catalog.dropTempView(view)
+        with _table_lock(node.table):  # one write at a time per table: they share its _temporary
+            if not spark.catalog.tableExists(node.table):
+                _register_written_table(spark, node)
+            if not spark.catalog.tableExists(node.table):
+                (frame.withColumn("millstream_producer", F.lit(producer))
+                 .withColumn("millstream_batch", F.lit(batch))
+                 .write.partitionBy("millstream_producer", "millstream_batch").options(**node.options)
+                 .saveAsTable(node.table))
+            else:
+                _clear_dead_writes(spark, node.table)
+                # The batch's own partition, named in full: only it is replaced, whatever the session's
+                # partitionOverwriteMode (a setting every sink thread and the user's code share).
+                view = f"millstream_delivery_{uuid.uuid4().hex}"
+                frame.createOrReplaceTempView(view)
+                try:
+                    spark.sql(f"INSERT OVERWRITE TABLE {node.table} PARTITION (millstream_producer = "
+                              f"'{producer}', millstream_batch = {batch}) SELECT key, timestamp, id, value, "
+                              f"producer FROM {view}")
+                finally:
+                    spark.catalog.dropTempView(view)
     elif node.is_jdbc:
         deliver_jdbc(spark, frame, node, producer, batch)
     else:
         target = f"{node.path.rstrip('/')}/producer={producer}/batch={batch:012d}"  # type: ignore[union-attr]
         frame.write.mode("overwrite").format(node.format).options(**node.options).save(target)
+
+
+_TABLE_LOCKS: dict[str, threading.Lock] = {}
+_TABLE_LOCKS_GUARD = threading.Lock()
+
+
+def _table_lock(table: str) -> threading.Lock:
+    """The lock of a table for this process's deliveries (two sinks may name one table)."""
+    with _TABLE_LOCKS_GUARD:
+        return _TABLE_LOCKS.setdefault(table.lower(), threading.Lock())
+
+
+def _clear_dead_writes(spark: Any, table: str) -> None:
+    """Remove `_temporary` from the table's location. Spark's file committer keeps a write's
+    committed tasks there until the write commits, in a directory every write to the table uses:
+    a delivery killed in between leaves files the next write would commit as its own, into the
+    batch they came from, delivered again since. Under the table's lock no write of this process
+    is in flight, and the root's lease keeps other drivers out."""
+    rows = spark.sql(f"DESCRIBE TABLE EXTENDED {table}").where("col_name = 'Location'").collect()
+    if not rows:  # not a table with a location of its own (a view, a JDBC-backed table...)
+        return
+    path = spark._jvm.org.apache.hadoop.fs.Path(f"{rows[0][1].rstrip('/')}/_temporary")
+    fs = path.getFileSystem(spark._jsc.hadoopConfiguration())
+    if fs.exists(path):
+        fs.delete(path, True)
 
 
 def _register_written_table(spark: Any, node: SinkNode) -> None:

@@ -16,7 +16,9 @@ def pytest_collection_modifyitems(items):
 def spark(tmp_path_factory):
     from millstream.spark.session import create_session
 
-    log = tmp_path_factory.mktemp("spark") / "spark.log"
-    session = create_session("local[2]", "millstream-tests", log_path=str(log))
+    scratch = tmp_path_factory.mktemp("spark")
+    # Managed tables go to a scratch warehouse, not into the directory the tests run from.
+    session = create_session("local[2]", "millstream-tests", log_path=str(scratch / "spark.log"),
+                             conf={"spark.sql.warehouse.dir": str(scratch / "warehouse")})
     yield session
     session.stop()

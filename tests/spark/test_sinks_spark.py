@@ -2,11 +2,12 @@
 (Derby, embedded in Spark's JVM) and a user writer each receive every window once, and receive each
 batch once again after a redelivery (a driver that died after a sink took a batch and before its
 progress was recorded) without holding anything twice. Table sinks also go on after a restart whose
-catalog forgot them, and a table delivery replaces its own batch alone, whatever the session's
-overwrite mode. The expected windows are counted apart (bucket_counter.counted_windows)."""
+catalog forgot them, or after a first delivery that died leaving only Spark's temporary files, and a
+table delivery replaces its own batch alone, whatever the session's overwrite mode. The expected windows are counted apart (bucket_counter.counted_windows)."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -155,6 +156,53 @@ def test_a_table_delivery_replaces_only_its_own_batch_whatever_the_sessions_over
         spark.conf.set("spark.sql.sources.partitionOverwriteMode", previous)
     assert windows(spark.table("mode_windows").collect()) == expected
     spark.sql("DROP TABLE mode_windows")
+
+
+def test_a_table_delivery_takes_nothing_from_what_a_dead_delivery_left(spark, tmp_path):
+    """A first delivery that died before its table was registered leaves only Spark's `_temporary` at
+    the managed table's location; creating the table over a non-empty location fails at every retry.
+    Delivery clears such a location (no batch in it) and creates the table. A later delivery that
+    died leaves committed task output there, which must not reach the table."""
+    from millstream.spark.sinks import deliver_with_spark
+
+    injector = GeneratorInjector(lambda i: Record(f"k{i % KEYS}", i, 7 * i), EVENTS, lambda n: 7 * n,
+                                 max_records_per_read=500)
+    pipeline = (Pipeline("deadfirst").add_injector("src", injector, "in")
+                .add_computation("windower", BucketCounter(), ["in"], ["windows"])
+                .add_sink("table", "windows", table="dead_first_windows"))
+    # The session's warehouse outlives the test: what an earlier, failed run left there goes first.
+    location = f"{spark.catalog.getDatabase('default').locationUri.removeprefix('file:')}/dead_first_windows"
+    spark.sql("DROP TABLE IF EXISTS dead_first_windows")
+    shutil.rmtree(location, ignore_errors=True)
+    root = str(tmp_path / "root")
+    SparkRunner(pipeline, root=root, spark=spark, max_records_per_batch=500).run(timeout=300)
+    assert windows(spark.table("dead_first_windows").collect()) == expected_windows()
+    batches = [entry for _, entry in PublicationLog(root, "windower").entries_after(-1, 1 << 30)
+               if entry["type"] == BATCH]
+    spark.sql("DROP TABLE dead_first_windows")  # a managed table: its files go too
+    assert not os.path.exists(location)
+    leftover = os.path.join(location, "_temporary", "0", "_temporary", "attempt_0")
+    os.makedirs(leftover)
+    with open(os.path.join(leftover, "part-00000.parquet"), "wb") as f:
+        f.write(b"half a file")
+    for entry in batches:
+        deliver_with_spark(spark, pipeline, pipeline.sinks["table"], "windower", entry["batch"], entry)
+    assert windows(spark.table("dead_first_windows").collect()) == expected_windows()
+
+    # A delivery killed after one of its tasks committed, before the job did, leaves that task's files
+    # under _temporary/0, where the committer of the table's next write takes them as its own: the
+    # batch they belong to, delivered already, would hold its windows twice.
+    first = os.path.join(location, "millstream_producer=windower", f"millstream_batch={batches[0]['batch']}")
+    task = os.path.join(location, "_temporary", "0", "task_202611260000_0001_m_000000",
+                        "millstream_producer=windower", f"millstream_batch={batches[0]['batch']}")
+    os.makedirs(task)
+    for name in os.listdir(first):
+        if name.endswith(".parquet"):
+            shutil.copy(os.path.join(first, name), os.path.join(task, f"dead-{name}"))
+    last = batches[-1]
+    deliver_with_spark(spark, pipeline, pipeline.sinks["table"], "windower", last["batch"], last)
+    assert windows(spark.table("dead_first_windows").collect()) == expected_windows()
+    spark.sql("DROP TABLE dead_first_windows")
 
 
 def table_pipeline(base):
