@@ -210,10 +210,15 @@ def _clear_dead_writes(spark: Any, table: str) -> None:
     rows = spark.sql(f"DESCRIBE TABLE EXTENDED {table}").where("col_name = 'Location'").collect()
     if not rows:  # not a table with a location of its own (a view, a JDBC-backed table...)
         return
-    path = spark._jvm.org.apache.hadoop.fs.Path(f"{rows[0][1].rstrip('/')}/_temporary")
-    fs = path.getFileSystem(spark._jsc.hadoopConfiguration())
+    fs, path = _hadoop_path(spark, f"{rows[0][1].rstrip('/')}/_temporary")
     if fs.exists(path):
         fs.delete(path, True)
+
+
+def _hadoop_path(spark: Any, location: str) -> tuple[Any, Any]:
+    """(its filesystem, the path) for a location, as Spark's own writers reach it."""
+    path = spark._jvm.org.apache.hadoop.fs.Path(location)
+    return path.getFileSystem(spark._jsc.hadoopConfiguration()), path
 
 
 def _register_written_table(spark: Any, node: SinkNode) -> None:
@@ -225,8 +230,7 @@ def _register_written_table(spark: Any, node: SinkNode) -> None:
     location = node.options.get("path") or (
         f"{spark.catalog.getDatabase(database or spark.catalog.currentDatabase()).locationUri.rstrip('/')}/"
         f"{name.lower()}")
-    path = spark._jvm.org.apache.hadoop.fs.Path(location)
-    fs = path.getFileSystem(spark._jsc.hadoopConfiguration())
+    fs, path = _hadoop_path(spark, location)
     if not fs.exists(path):
         return
     names = [status.getPath().getName() for status in fs.listStatus(path)]

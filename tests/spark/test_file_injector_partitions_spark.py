@@ -6,6 +6,8 @@ import json
 import os
 import urllib.request
 
+from bucket_counter import counted_windows
+
 from millstream import FileInjector, Pipeline
 from millstream.apps.dips import Windower
 from millstream.model.records import END_OF_TIME
@@ -15,8 +17,8 @@ FILES, RECORDS, PARTITIONS = 9, 40, 3
 
 
 def write_logs(directory):
-    """Files part-000 ... each holding two seconds of event time; the expected counts per window."""
-    expected = {}
+    """Files part-000 ... each holding two seconds of event time; the (key, timestamp) they hold."""
+    points = []
     for n in range(FILES):
         start = 10_000 + n * 2_000
         path = os.path.join(directory, f"part-{n:03d}.jsonl")
@@ -24,10 +26,9 @@ def write_logs(directory):
             for i in range(RECORDS):
                 key, timestamp = f"q{(n + i) % 4}", start + i * 50
                 out.write(json.dumps({"key": key, "value": {"i": i}, "timestamp": timestamp}) + "\n")
-                bucket = timestamp - timestamp % 1000
-                expected[(key, bucket)] = expected.get((key, bucket), 0) + 1
+                points.append((key, timestamp))
         os.utime(path, ns=(start * 1_000_000, start * 1_000_000))  # created at its first record
-    return expected
+    return points
 
 
 def stage_tasks(spark):
@@ -41,7 +42,7 @@ def stage_tasks(spark):
 def test_a_partitioned_file_injector_is_read_by_a_task_per_partition(spark, tmp_path):
     logs = tmp_path / "logs"
     logs.mkdir()
-    expected = write_logs(logs)
+    points = write_logs(logs)
     (logs / "_DONE").write_text("")
     injector = FileInjector(str(logs), partitions=PARTITIONS, max_files_per_read=FILES)
     pipeline = (Pipeline("partitioned-files").add_injector("logs", injector, "searches")
@@ -50,11 +51,8 @@ def test_a_partitioned_file_injector_is_read_by_a_task_per_partition(spark, tmp_
     runner = SparkRunner(pipeline, root=str(tmp_path / "root"), spark=spark, parallelism=2)
     progress = runner.run(timeout=240)
 
-    counts = {}
-    for window in runner.read_stream("windows"):
-        key = (window.key, window.value["bucket"])
-        counts[key] = counts.get(key, 0) + window.value["count"]
-    assert counts == expected
+    windows = sorted((w.key, w.value["bucket"], w.value["count"]) for w in runner.read_stream("windows"))
+    assert windows == counted_windows(points)
     assert progress.computations["windower"].records == FILES * RECORDS
     assert progress.computations["windower"].low_watermark == END_OF_TIME
     # Every other stage has at most the 2 state partitions' tasks: only a read of the three
