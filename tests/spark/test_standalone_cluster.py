@@ -41,9 +41,8 @@ print("STATE PARTITIONS", runner.spark.conf.get("spark.sql.shuffle.partitions"))
 # A pipeline started while the cluster has no executor yet: the test adds the worker once the
 # driver's application is registered with the master.
 EARLY_START = """
-import sys, time
+import sys
 from millstream.apps.dips import TrafficSpec, build_pipeline, expected_output
-from millstream.spark.rescale import state_partitions
 from millstream.spark.runner import SparkRunner
 
 master, root = sys.argv[1:3]

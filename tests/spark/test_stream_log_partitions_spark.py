@@ -3,11 +3,8 @@ state partition of the upstream writes its own file per batch, and the downstrea
 those files side by side, not one sender through one task. Outputs of both stages are checked
 against counts made from the input files in plain Python."""
 
-import json
-import os
-import urllib.request
-
 from bucket_counter import BucketCounter, counted_windows
+from partitioned_logs import stage_tasks, write_search_logs
 
 from millstream import FileInjector, Pipeline
 from millstream.apps.dips import Windower
@@ -17,33 +14,10 @@ from millstream.spark.runner import SparkRunner
 FILES, RECORDS, KEYS, PARTITIONS = 6, 60, 16, 2
 
 
-def write_logs(directory):
-    """Files part-000 ... each holding three seconds of event time; the (key, timestamp) they hold."""
-    points = []
-    for n in range(FILES):
-        start = 10_000 + n * 3_000
-        path = os.path.join(directory, f"part-{n:03d}.jsonl")
-        with open(path, "w") as out:
-            for i in range(RECORDS):
-                key, timestamp = f"q{(n + i) % KEYS}", start + i * 50
-                out.write(json.dumps({"key": key, "value": {"i": i}, "timestamp": timestamp}) + "\n")
-                points.append((key, timestamp))
-        os.utime(path, ns=(start * 1_000_000, start * 1_000_000))  # created at its first record
-    return points
-
-
-def stage_tasks(spark):
-    """{stage id: its number of tasks} of every stage the session ran (its UI's REST API)."""
-    context = spark.sparkContext
-    url = f"{context.uiWebUrl}/api/v1/applications/{context.applicationId}/stages"
-    with urllib.request.urlopen(url, timeout=30) as response:
-        return {stage["stageId"]: stage["numTasks"] for stage in json.load(response)}
-
-
 def test_an_upstream_stream_log_is_read_by_a_task_per_file(spark, tmp_path):
     logs = tmp_path / "logs"
     logs.mkdir()
-    points = write_logs(logs)
+    points = write_search_logs(logs, FILES, RECORDS, KEYS, 3_000)
     (logs / "_DONE").write_text("")
     pipeline = (Pipeline("log-partitions")
                 .add_injector("logs", FileInjector(str(logs), max_files_per_read=FILES), "searches")
