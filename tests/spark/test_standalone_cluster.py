@@ -87,7 +87,11 @@ def start_worker(here, env, master_url, cores):
     worker = subprocess.Popen([SPARK_CLASS, "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
                                "--cores", str(cores), "--memory", "2g", "--webui-port", str(free_port()),
                                master_url], env=env, stdout=open(worker_log, "w"), stderr=subprocess.STDOUT)
-    wait_for_log(worker_log, "Successfully registered with master", worker)
+    try:
+        wait_for_log(worker_log, "Successfully registered with master", worker)
+    except BaseException:
+        stop(worker)  # the caller never gets it to stop
+        raise
     return worker
 
 
