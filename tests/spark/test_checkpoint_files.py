@@ -1,0 +1,56 @@
+"""What millstream's exactly-once relies on in Spark's checkpoint files, through the checkpoint file
+manager the session gives Spark's queries: a state store file of a re-run attempt replaces the first
+attempt's, and a batch's offsets or commit file is never replaced by a second writer.
+
+Hadoop's FileSystem-based manager (`spark.sql.streaming.checkpointFileManagerClass`) starts fewer
+processes per file on a local disk, but there it keeps the first attempt's file when asked to replace
+it: a batch re-run after a kill then restores the killed attempt's state (docs/performance.md, ninth
+session). The first test fails with it."""
+
+import os
+
+import pytest
+from py4j.protocol import Py4JJavaError
+
+
+def file_manager(spark, directory):
+    """The CheckpointFileManager Spark's queries of this session get for `directory`."""
+    jvm = spark._jvm
+    managers = jvm.org.apache.spark.sql.execution.streaming.checkpointing.CheckpointFileManager
+    return managers.create(jvm.org.apache.hadoop.fs.Path(str(directory)),
+                           spark._jsparkSession.sessionState().newHadoopConf())
+
+
+def write_atomically(spark, manager, path, content: bytes, replace: bool) -> None:
+    """As Spark writes a checkpoint file: to a temporary file, renamed into place on close. The
+    state store's changelog of version N replaces an earlier attempt's (`replace`); the offset and
+    commit logs' batch N never does. Each makes its directory first."""
+    manager.mkdirs(spark._jvm.org.apache.hadoop.fs.Path(str(path.parent)))
+    stream = manager.createAtomic(spark._jvm.org.apache.hadoop.fs.Path(str(path)), replace)
+    stream.write(bytearray(content))
+    stream.close()
+
+
+def visible(directory) -> list[str]:
+    return sorted(name for name in os.listdir(directory) if not name.startswith("."))
+
+
+def test_a_rerun_attempts_state_file_replaces_the_first_attempts(spark, tmp_path):
+    manager = file_manager(spark, tmp_path)
+    changelog = tmp_path / "state" / "0" / "1" / "4.changelog"
+    write_atomically(spark, manager, changelog, b"the killed attempt's changes", replace=True)
+    write_atomically(spark, manager, changelog, b"the re-run's changes", replace=True)
+    assert changelog.read_bytes() == b"the re-run's changes"
+    assert sorted(os.listdir(changelog.parent)) == [".4.changelog.crc", "4.changelog"]  # no temporary file left
+
+
+def test_a_batch_file_is_never_replaced_by_a_second_writer(spark, tmp_path):
+    manager = file_manager(spark, tmp_path)
+    batch = tmp_path / "offsets" / "7"
+    write_atomically(spark, manager, batch, b"the first attempt", replace=False)
+    with pytest.raises(Py4JJavaError, match="FileAlreadyExists|already exists"):
+        write_atomically(spark, manager, batch, b"a zombie's attempt", replace=False)
+    assert batch.read_bytes() == b"the first attempt"
+    # The refused attempt's temporary file is gone (Spark leaves its hidden checksum file; the
+    # offset log lists no hidden file).
+    assert visible(batch.parent) == ["7"]
