@@ -23,7 +23,7 @@ if ROOT not in sys.path:
 
 from bench.common import RESULTS_DIR, machine  # noqa: E402
 
-BENCHMARKS = ["core", "throughput", "scaling", "state", "rescale", "latency", "wmlag", "recovery", "tune"]
+BENCHMARKS = ["core", "throughput", "scaling", "timeline", "state", "rescale", "latency", "wmlag", "recovery", "tune"]
 FULL_ONLY = {"tune"}
 
 
