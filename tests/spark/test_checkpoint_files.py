@@ -2,7 +2,7 @@
 manager the session gives Spark's queries: a state store file of a re-run attempt replaces the first
 attempt's, and a batch's offsets or commit file is never replaced by a second writer.
 
-Hadoop's FileSystem-based manager (`spark.sql.streaming.checkpointFileManagerClass`) starts fewer
+Spark's FileSystem-based manager (`spark.sql.streaming.checkpointFileManagerClass`) starts fewer
 processes per file on a local disk, but there it keeps the first attempt's file when asked to replace
 it: a batch re-run after a kill then restores the killed attempt's state (docs/performance.md, ninth
 session). The first test fails with it."""
@@ -41,7 +41,8 @@ def test_a_rerun_attempts_state_file_replaces_the_first_attempts(spark, tmp_path
     write_atomically(spark, manager, changelog, b"the killed attempt's changes", replace=True)
     write_atomically(spark, manager, changelog, b"the re-run's changes", replace=True)
     assert changelog.read_bytes() == b"the re-run's changes"
-    assert sorted(os.listdir(changelog.parent)) == [".4.changelog.crc", "4.changelog"]  # no temporary file left
+    # No temporary file left, nor its checksum.
+    assert sorted(os.listdir(changelog.parent)) == [".4.changelog.crc", "4.changelog"]
 
 
 def test_a_batch_file_is_never_replaced_by_a_second_writer(spark, tmp_path):
