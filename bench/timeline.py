@@ -24,7 +24,7 @@ import statistics
 from collections import defaultdict
 from typing import Any, Iterable
 
-from bench.common import SCRATCH, cli, expected_windows, fresh_dir, spark_session
+from bench.common import cli, expected_windows, fresh_dir, spark_session
 
 KEYS = 10_000
 TIMED_RUNS = 3
@@ -121,7 +121,6 @@ def configuration(master: str, parallelism: int, total: int) -> dict[str, Any]:
 
 def main(quick: bool) -> dict:
     total = 100_000 if quick else 1_000_000
-    os.makedirs(SCRATCH, exist_ok=True)
     results = []
     for master, parallelism in (("local[1]", 1), ("local[2]", 2)):
         result = configuration(master, parallelism, total)
