@@ -22,9 +22,11 @@ def write_search_logs(directory, files, records, keys, file_span_ms):
     return points
 
 
-def stage_tasks(spark):
-    """{stage id: its number of tasks} of every stage the session ran (its UI's REST API)."""
+def read_stage_tasks(spark):
+    """{stage id: its number of tasks} of every source read the session ran (its UI's REST API): a
+    completed stage that read no shuffle. The stateful operators' stages read the source's shuffle."""
     context = spark.sparkContext
-    url = f"{context.uiWebUrl}/api/v1/applications/{context.applicationId}/stages"
+    url = f"{context.uiWebUrl}/api/v1/applications/{context.applicationId}/stages?status=complete"
     with urllib.request.urlopen(url, timeout=30) as response:
-        return {stage["stageId"]: stage["numTasks"] for stage in json.load(response)}
+        return {stage["stageId"]: stage["numTasks"] for stage in json.load(response)
+                if stage["shuffleReadBytes"] == 0 and stage["shuffleWriteBytes"] > 0}
