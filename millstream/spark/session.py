@@ -70,6 +70,24 @@ def session_settings(master: str, conf: Mapping[str, str] | None = None) -> tupl
     return settings, dict(LOCAL_ENV) if local else {}
 
 
+CHECKPOINT_FILE_MANAGER_KEY = "spark.sql.streaming.checkpointFileManagerClass"
+
+
+def with_checkpoint_file_manager(settings: dict[str, str], env: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """`settings` with millstream's checkpoint file manager (spark/jvm), unless the user chose one or
+    no JDK can compile it: Hadoop's local file system starts processes for every checkpoint file
+    (docs/performance.md, "tenth session"). Its jar goes to the driver and executors in `spark.jars`."""
+    from millstream.spark import jvm
+
+    if CHECKPOINT_FILE_MANAGER_KEY in settings:
+        return settings, env
+    jar = jvm.jar()
+    if jar is None:
+        return settings, env
+    jars = ",".join(j for j in (settings.get("spark.jars"), jar) if j)
+    return {**settings, "spark.jars": jars, CHECKPOINT_FILE_MANAGER_KEY: jvm.CHECKPOINT_FILE_MANAGER}, env
+
+
 class SessionError(RuntimeError):
     """A user-supplied SparkSession lacks a setting millstream needs and it cannot be applied."""
 
@@ -171,7 +189,7 @@ def create_session(master: str = "local[*]", app_name: str = "millstream",
     if master.startswith("local"):
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    settings, env = session_settings(master, conf)
+    settings, env = with_checkpoint_file_manager(*session_settings(master, conf))
     for key, value in env.items():
         os.environ.setdefault(key, value)
     builder = SparkSession.builder.master(master).appName(app_name)
