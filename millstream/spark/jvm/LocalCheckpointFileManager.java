@@ -5,7 +5,6 @@ import java.io.File;
 import java.io.FileOutputStream;
 import java.io.IOException;
 import java.io.OutputStream;
-import java.nio.file.AtomicMoveNotSupportedException;
 import java.nio.file.Files;
 import java.nio.file.StandardCopyOption;
 
@@ -54,7 +53,7 @@ public class LocalCheckpointFileManager extends FileContextBasedCheckpointFileMa
       Files.createDirectories(target.getParentFile().toPath());
       return new FSDataOutputStream(new LocalOutput(target), null);
     } catch (IOException e) {
-      throw new java.io.UncheckedIOException(e);
+      throw rethrow(e);
     }
   }
 
@@ -69,22 +68,32 @@ public class LocalCheckpointFileManager extends FileContextBasedCheckpointFileMa
     try {
       if (overwriteIfPossible) {
         Files.move(src, dst, StandardCopyOption.ATOMIC_MOVE);
-        // A checksum an earlier writer left beside the file no longer matches it.
-        Files.deleteIfExists(dst.resolveSibling("." + dst.getFileName() + ".crc"));
-        return;
-      }
-      try {
+      } else {
         Files.createLink(dst, src);
-      } catch (java.nio.file.FileAlreadyExistsException e) {
-        throw new FileAlreadyExistsException("Failed to rename " + srcPath + " to " + dstPath
-            + " as destination already exists");
-      } finally {
-        Files.deleteIfExists(src);
       }
-    } catch (AtomicMoveNotSupportedException | UnsupportedOperationException e) {
+    } catch (java.nio.file.FileAlreadyExistsException e) {
+      deleteIfExists(src);
+      // Spark's metadata logs tell a second writer of a batch by this exception.
+      throw rethrow(new FileAlreadyExistsException("Failed to rename " + srcPath + " to " + dstPath
+          + " as destination already exists"));
+    } catch (UnsupportedOperationException | IOException e) {
+      // No atomic rename or no hard links here: Spark's own rename (the temporary file is intact).
       super.renameTempFile(srcPath, dstPath, overwriteIfPossible);
+      return;
+    }
+    if (overwriteIfPossible) {
+      // A checksum an earlier writer left beside the file no longer matches it.
+      deleteIfExists(dst.resolveSibling("." + dst.getFileName() + ".crc"));
+    } else {
+      deleteIfExists(src);
+    }
+  }
+
+  private static void deleteIfExists(java.nio.file.Path path) {
+    try {
+      Files.deleteIfExists(path);
     } catch (IOException e) {
-      throw new java.io.UncheckedIOException(e);
+      throw rethrow(e);
     }
   }
 
@@ -97,8 +106,17 @@ public class LocalCheckpointFileManager extends FileContextBasedCheckpointFileMa
     try {
       Files.createDirectories(file(path).toPath());
     } catch (IOException e) {
-      throw new java.io.UncheckedIOException(e);
+      throw rethrow(e);
     }
+  }
+
+  /**
+   * Throws {@code e} as it is: these methods override Scala ones, which declare no checked
+   * exceptions, while Spark's callers catch Hadoop's IOExceptions by type.
+   */
+  @SuppressWarnings("unchecked")
+  private static <E extends Throwable> RuntimeException rethrow(Throwable e) throws E {
+    throw (E) e;
   }
 
   /** A local file's output stream that can be synced (Spark's state store may ask). */
