@@ -18,9 +18,9 @@ from millstream.spark import jvm
 
 def file_manager(spark, directory):
     """The CheckpointFileManager Spark's queries of this session get for `directory`."""
-    jvm = spark._jvm
-    managers = jvm.org.apache.spark.sql.execution.streaming.checkpointing.CheckpointFileManager
-    return managers.create(jvm.org.apache.hadoop.fs.Path(str(directory)),
+    java = spark._jvm
+    managers = java.org.apache.spark.sql.execution.streaming.checkpointing.CheckpointFileManager
+    return managers.create(java.org.apache.hadoop.fs.Path(str(directory)),
                            spark._jsparkSession.sessionState().newHadoopConf())
 
 
