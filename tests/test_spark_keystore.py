@@ -123,7 +123,7 @@ def test_a_worker_whose_cache_lags_catches_up_on_the_chunks_it_missed():
     store = SparkKeyStore(spark, spark, "ns", 0)
     assert spark.chunk_reads == 5  # just the five chunks it missed
     assert store.cache.keys.blobs == plain_state(spark)
-    assert store.cache.keys.blobs["k3"] == stored(2_003) and ("k3", "r3") in seen_pairs(store)
+    assert store.cache.keys.blobs["k3"] == stored(2_003) and ("k3", "r3") in store.seen_ids()
 
 
 def test_a_cache_holding_an_attempt_spark_never_committed_is_rebuilt():
@@ -174,12 +174,8 @@ def test_state_written_by_the_first_head_format_loads_and_goes_on():
     spark.head = pickle.dumps(([(7, "t7"), (8, "t8")], 9, 200, 200, 0, 600_000))
     store = batch(spark, {"d": stored(4)})
     assert store.cache.keys.blobs == {"a": stored(1), "c": stored(3), "d": stored(4)}
-    assert ("a", "r1") in seen_pairs(store)
+    assert ("a", "r1") in store.seen_ids()
     assert plain_state(spark) == store.cache.keys.blobs
-
-
-def seen_pairs(store: SparkKeyStore) -> set[tuple[str, str]]:
-    return {(key, record_id) for key, ids in store.seen_ids().items() for record_id in ids}
 
 
 def committed_seen(spark: FakeSpark) -> set[tuple[str, str]]:
@@ -187,7 +183,7 @@ def committed_seen(spark: FakeSpark) -> set[tuple[str, str]]:
     saved = dict(statestore._CACHES)
     statestore._CACHES.clear()
     try:
-        return seen_pairs(SparkKeyStore(spark, spark, "ns", 0))
+        return set(SparkKeyStore(spark, spark, "ns", 0).seen_ids())
     finally:
         statestore._CACHES.clear()
         statestore._CACHES.update(saved)
@@ -205,7 +201,7 @@ def test_a_cache_reads_dedup_ids_as_expired_by_a_batch_another_worker_committed(
     assert ("k", "r1") not in committed_seen(spark)
     statestore._CACHES.clear()
     statestore._CACHES.update(mine)
-    assert ("k", "r1") not in seen_pairs(SparkKeyStore(spark, spark, "ns", 0))
+    assert ("k", "r1") not in SparkKeyStore(spark, spark, "ns", 0).seen_ids()
 
 
 def test_an_expiry_spark_never_committed_is_done_again_and_committed():
@@ -237,7 +233,7 @@ def test_a_horizon_raised_on_a_restart_never_brings_back_ids_already_forgotten()
     store = SparkKeyStore(spark, spark, "ns", 0)
     store.save({"k": stored(3)}, [], 2_010, 10_000)  # restarted with a 10 s horizon
     spark.commit()
-    assert ("k", "r1") not in seen_pairs(store)
+    assert ("k", "r1") not in store.seen_ids()
     assert ("k", "r1") not in committed_seen(spark)
 
 
@@ -252,4 +248,4 @@ def test_a_key_group_with_nothing_to_do_reads_no_chunk_while_the_watermark_moves
     for watermark in range(10, 200, 10):
         batch(spark, {}, watermark=watermark)
     assert spark.chunk_reads == 0
-    assert ("k1", "r1") in seen_pairs(SparkKeyStore(spark, spark, "ns", 0))
+    assert ("k1", "r1") in SparkKeyStore(spark, spark, "ns", 0).seen_ids()

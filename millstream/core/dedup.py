@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import heapq
 from bisect import bisect_left
+from collections import deque
 from itertools import count
 from operator import itemgetter
 from typing import Iterable
 
-_MARK = itemgetter(2)
+_KEY, _ID, _MARK = itemgetter(0), itemgetter(1), itemgetter(2)
 
 
 class DedupIndex:
@@ -31,41 +32,31 @@ class DedupIndex:
 
     >>> index = DedupIndex()
     >>> index.add("k", "r1", 100)
-    >>> index.seen("k", "r1"), index.seen("other", "r1"), "r1" in index.by_key["k"]
-    (True, False, True)
+    >>> index.seen("k", "r1"), index.seen("other", "r1")
+    (True, False)
     >>> index.expire(low_watermark=1_100, horizon_ms=1_000)  # 100 is not yet older than 1100 - 1000
     >>> index.seen("k", "r1")
     True
     >>> index.expire(low_watermark=1_101, horizon_ms=1_000)
-    >>> index.seen("k", "r1"), index.by_key
-    (False, {})
-
-    Built so the garbage collector need not visit the ids: a worker keeps many key groups' indexes
-    for a long time, and a full collection that traverses every id costs in proportion to all of
-    them (docs/performance.md). The ids are kept per key (`by_key`: key -> {record id: mark}); a
-    dict holding only strings and ints is not tracked by the collector, so only the outer dict (one
-    entry per key) is. The expiry order is kept in tuples of strings and ints, which the collector
-    stops tracking the first time it sees them. A step also tests a record with one lookup in its
-    key's dict, with no (key, id) tuple built per record.
+    >>> index.seen("k", "r1")
+    False
     """
 
-    __slots__ = ("by_key", "_chunks", "_sequence")
+    __slots__ = ("marks", "_chunks", "_sequence")
 
     def __init__(self) -> None:
-        self.by_key: dict[str, dict[str, int]] = {}
+        self.marks: dict[tuple[str, str], int] = {}
         # Expiry order: each add_all's entries as one chunk sorted by mark, in a heap by the mark of
-        # the chunk's first unexpired entry: (that mark, sequence, marks, keys, ids, its position),
-        # marks, keys and ids parallel tuples. Sorting and slicing a chunk run in C; a heap entry per
-        # id would cost a Python-level push per id.
-        self._chunks: list[tuple[int, int, tuple[int, ...], tuple[str, ...], tuple[str, ...], int]] = []
+        # the chunk's first unexpired entry: (that mark, sequence, chunk, its position). Sorting and
+        # indexing a chunk run in C; a heap entry per id would cost a Python-level push per id.
+        self._chunks: list[tuple[int, int, list[tuple[str, str, int]], int]] = []
         self._sequence = count()
 
     def __len__(self) -> int:
-        return sum(map(len, self.by_key.values()))
+        return len(self.marks)
 
     def seen(self, key: str, record_id: str) -> bool:
-        ids = self.by_key.get(key)
-        return ids is not None and record_id in ids
+        return (key, record_id) in self.marks
 
     def add(self, key: str, record_id: str, mark: int) -> None:
         self.add_all([(key, record_id, mark)])
@@ -74,38 +65,26 @@ class DedupIndex:
         chunk = sorted(entries, key=_MARK)
         if not chunk:
             return
-        by_key = self.by_key
-        for key, record_id, mark in chunk:
-            ids = by_key.get(key)
-            if ids is None:
-                by_key[key] = {record_id: mark}
-            else:
-                ids[record_id] = mark
-        keys, record_ids, marks = zip(*chunk)
-        heapq.heappush(self._chunks, (marks[0], next(self._sequence), marks, keys, record_ids, 0))
+        self.marks.update(zip(zip(map(_KEY, chunk), map(_ID, chunk)), map(_MARK, chunk)))
+        heapq.heappush(self._chunks, (chunk[0][2], next(self._sequence), chunk, 0))
 
     def expire(self, low_watermark: int, horizon_ms: int) -> None:
         """Forget ids whose mark is older than low_watermark - horizon_ms.
 
         An id added again has a new mark (the newest counts): its old chunk entry no longer matches
-        and leaves it be. A key left with no id leaves the index."""
+        and leaves it be."""
         cutoff = low_watermark - horizon_ms
-        chunks, by_key = self._chunks, self.by_key
+        chunks, marks = self._chunks, self.marks
+        get = marks.get
         while chunks and chunks[0][0] < cutoff:
-            _, sequence, marks, keys, record_ids, start = heapq.heappop(chunks)
-            end = bisect_left(marks, cutoff, lo=start)
-            for key, record_id, mark in zip(keys[start:end], record_ids[start:end], marks[start:end]):
-                ids = by_key.get(key)
-                if ids is not None and ids.get(record_id) == mark:
-                    del ids[record_id]
-                    if not ids:
-                        del by_key[key]
-            if end < len(marks):
-                heapq.heappush(chunks, (marks[end], sequence, marks, keys, record_ids, end))
+            _, sequence, chunk, start = heapq.heappop(chunks)
+            end = bisect_left(chunk, cutoff, lo=start, key=_MARK)
+            expired = chunk[start:end]
+            pairs = list(zip(map(_KEY, expired), map(_ID, expired)))
+            deque(map(marks.__delitem__, [pair for pair, mark in zip(pairs, map(_MARK, expired))
+                                          if get(pair) == mark]), maxlen=0)
+            if end < len(chunk):
+                heapq.heappush(chunks, (chunk[end][2], sequence, chunk, end))
 
     def entries(self) -> list[tuple[str, str, int]]:
-        return [(key, record_id, mark) for key, ids in self.by_key.items() for record_id, mark in ids.items()]
-
-    def pairs(self) -> dict[tuple[str, str], int]:
-        """{(key, record id): mark}, for tests and tools."""
-        return {(key, record_id): mark for key, record_id, mark in self.entries()}
+        return [(key, record_id, mark) for (key, record_id), mark in self.marks.items()]

@@ -348,7 +348,7 @@ class _KeyStep:
         self.metrics = StepMetrics()
         self.skip_items, self.skip_timers, self.flush_each = skip_items, skip_timers, flush_each
         self.seen: dict[str, int] = {}  # ids of injected records this step, with their marks
-        self.seen_before = executor.store.seen_ids().get(key, ())  # ids of those of earlier steps
+        self.seen_before = executor.store.seen_ids()  # (key, id) of those of earlier steps
         self.ctx = _Invocation(self.plan, self.state, key, wall_time, self.out, segments)
         self.keyed_advanced = executor.keyed_advanced
         self.firings = 0
@@ -385,7 +385,7 @@ class _KeyStep:
         in an earlier run of this step) nor duplicates of injected records already seen. Counts
         records, duplicates and late records."""
         low_watermark, advanced = self.segments[j][:2]
-        skip, seen, seen_before = self.skip_items, self.seen, self.seen_before
+        skip, seen, key, seen_before = self.skip_items, self.seen, self.key, self.seen_before
         admitted: list[tuple[int, Delivery]] = []
         late = duplicates = 0
         for item in items:
@@ -395,7 +395,7 @@ class _KeyStep:
             timestamp = record.timestamp
             if item[1].dedup:
                 rid = record.id
-                if rid in seen or rid in seen_before:
+                if rid in seen or (key, rid) in seen_before:
                     duplicates += 1
                     continue
                 # Kept until the watermark has moved a horizon past the later of the point's

@@ -32,9 +32,9 @@ class KeyStore(Protocol):
         wake-up on a keyed watermark <= that key's watermark in `keyed`."""
         ...
 
-    def seen_ids(self) -> Mapping[str, Container[str]]:
-        """The ids of injected records the key group has seen (dedup index), by key, for `in` tests:
-        a step tests each injected record, so the test is one lookup in its key's ids, not a call."""
+    def seen_ids(self) -> Container[tuple[str, str]]:
+        """The (key, record id) pairs of injected records the key group has seen (dedup index), for
+        `in` tests: a step tests each injected record, so the test is one lookup, not a call."""
         ...
 
     def save(self, changes: dict[str, StoredKey | None], seen: list[tuple[str, str, int]], low_watermark: int,
@@ -82,8 +82,8 @@ class MemoryKeyStore:
                 heapq.heappush(heap, entry)
         return sorted(found)
 
-    def seen_ids(self) -> Mapping[str, Container[str]]:
-        return self.dedup.by_key
+    def seen_ids(self) -> Container[tuple[str, str]]:
+        return self.dedup.marks
 
     def save(self, changes: dict[str, StoredKey | None], seen: list[tuple[str, str, int]] = (),  # type: ignore[assignment]
              low_watermark: int | None = None, horizon_ms: int = 0) -> None:

@@ -276,7 +276,7 @@ class SparkKeyStore:
     def next_wall_time(self) -> int | None:
         return self.cache.keys.next_wall_time()
 
-    def seen_ids(self) -> Mapping[str, Container[str]]:
+    def seen_ids(self) -> Container[tuple[str, str]]:
         return self.cache.keys.seen_ids()
 
     def save(self, changes: dict[str, StoredKey | None], seen: list[tuple[str, str, int]], low_watermark: int,
