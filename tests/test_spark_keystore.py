@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import pickle
+import time
 
 import pytest
 
@@ -249,3 +250,53 @@ def test_a_key_group_with_nothing_to_do_reads_no_chunk_while_the_watermark_moves
         batch(spark, {}, watermark=watermark)
     assert spark.chunk_reads == 0
     assert ("k1", "r1") in SparkKeyStore(spark, spark, "ns", 0).seen_ids()
+
+
+class _Handle:
+    """What the operator asks of Spark's StatefulProcessorHandle at a task's start."""
+
+    def getValueState(self, name, schema):
+        return FakeSpark()
+
+    def getMapState(self, name, key_schema, value_schema):
+        return FakeSpark()
+
+
+def test_a_stopped_query_s_caches_leave_a_worker_when_a_later_query_starts_there():
+    """A driver that runs query after query must not leave its workers holding (and collecting)
+    every stopped query's state: the next query's operator drops those caches at its task's start,
+    but not those of a query restarted on the same root since, nor those of queries still running."""
+    from millstream import Computation, Pipeline, ScriptedInjector
+    from millstream.core.plan import plan_computation
+    from millstream.spark.operator import KeyGroupProcessor
+    from millstream.spark.partitioning import GroupLabels
+
+    class Noop(Computation):
+        def process_record(self, ctx, record):
+            pass
+
+    pipeline = Pipeline("p").add_injector("src", ScriptedInjector("src", []), "in")
+    pipeline.add_computation("c", Noop(), ["in"], [])
+    saved_caches, saved_stopped = dict(statestore._CACHES), dict(statestore._STOPPED)
+    statestore._CACHES.clear()
+    statestore._STOPPED.clear()
+    try:
+        for namespace in ("old#c", "restarted#c", "running#c"):
+            SparkKeyStore(FakeSpark(), FakeSpark(), namespace, 0)
+        statestore.note_stopped(["old#c", "restarted#c"])
+        time.sleep(0.01)
+        SparkKeyStore(FakeSpark(), FakeSpark(), "restarted#c", 0)  # read again by its restarted query
+        assert set(statestore.stopped_queries()) == {"old#c", "restarted#c"}
+
+        processor = KeyGroupProcessor(plan_computation(pipeline, "c", key_groups=1), "/nowhere", "new#c",
+                                      GroupLabels.identity(1), statestore.stopped_queries())
+        processor.init(_Handle())
+        assert sorted(statestore._CACHES) == [("restarted#c", 0), ("running#c", 0)]
+
+        statestore.note_started(["old#c"])  # a query on that root again: later queries leave it be
+        assert set(statestore.stopped_queries()) == {"restarted#c"}
+    finally:
+        statestore._CACHES.clear()
+        statestore._CACHES.update(saved_caches)
+        statestore._STOPPED.clear()
+        statestore._STOPPED.update(saved_stopped)

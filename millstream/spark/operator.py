@@ -23,7 +23,7 @@ also sends key group g of B its heartbeat, carrying A's counters for the driver.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 from millstream.core.executor import ComputationFailed, KeyGroupExecutor, StepResult, key_or_dead_letter
 from millstream.core.garbage import bulk_work
@@ -39,7 +39,7 @@ from millstream.spark.bundles import (BUNDLE_RECORDS, DeliveryItem, deliveries, 
 from millstream.spark.errors import report_failure
 from millstream.spark.partitioning import GroupLabels
 from millstream.spark.source import BatchPlan
-from millstream.spark.statestore import WORKER_GARBAGE, SparkKeyStore
+from millstream.spark.statestore import WORKER_GARBAGE, SparkKeyStore, drop_stopped
 
 try:
     from pyspark.sql import Row
@@ -104,8 +104,10 @@ def output_rows(plan: ComputationPlan, group: int, result: StepResult, bytes_wri
 class _GroupStep:
     """One key group's step inside Spark, shared by both processors."""
 
-    def __init__(self, plan: ComputationPlan, root: str, namespace: str, handle: StatefulProcessorHandle) -> None:
+    def __init__(self, plan: ComputationPlan, root: str, namespace: str, handle: StatefulProcessorHandle,
+                 stopped: Mapping[str, float]) -> None:
         self.plan, self.root, self.namespace = _set_up(plan), root, namespace
+        drop_stopped(stopped)
         self.head = handle.getValueState("head", "blob binary")
         self.chunks = handle.getMapState("chunks", "id long", "blob binary")
         self.codecs = {i.stream: i.codec for i in plan.inputs}
@@ -149,16 +151,20 @@ def step_bundles(plan: ComputationPlan, store: KeyStore, bundles: list[bytes], c
 
 
 class KeyGroupProcessor(StatefulProcessor):
-    """A computation on Spark: one grouping key per key group (its label, partitioning.py)."""
+    """A computation on Spark: one grouping key per key group (its label, partitioning.py).
+    `stopped`: the namespaces of queries the driver stopped before this one started, whose caches
+    the workers drop (statestore.drop_stopped)."""
 
-    def __init__(self, plan: ComputationPlan, root: str, namespace: str, labels: GroupLabels) -> None:
+    def __init__(self, plan: ComputationPlan, root: str, namespace: str, labels: GroupLabels,
+                 stopped: Mapping[str, float] | None = None) -> None:
         self.plan = plan
         self.root = root
         self.namespace = namespace
         self.labels = labels
+        self.stopped = dict(stopped or {})
 
     def init(self, handle: StatefulProcessorHandle) -> None:
-        self.step = _GroupStep(self.plan, self.root, self.namespace, handle)
+        self.step = _GroupStep(self.plan, self.root, self.namespace, handle, self.stopped)
 
     def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:
         group = self.labels.group(key[0])
@@ -173,12 +179,13 @@ class FusedProducerProcessor(StatefulProcessor):
     """A weak computation, fused ahead of its consumer in the consumer's query (see the module doc)."""
 
     def __init__(self, plan: ComputationPlan, consumer: ComputationPlan, root: str, namespace: str,
-                 labels: GroupLabels) -> None:
+                 labels: GroupLabels, stopped: Mapping[str, float] | None = None) -> None:
         self.plan, self.consumer, self.root, self.namespace = plan, consumer, root, namespace
         self.labels = labels  # the consumer's key groups', the same as this one's (one root)
+        self.stopped = dict(stopped or {})  # as KeyGroupProcessor's
 
     def init(self, handle: StatefulProcessorHandle) -> None:
-        self.step = _GroupStep(self.plan, self.root, self.namespace, handle)
+        self.step = _GroupStep(self.plan, self.root, self.namespace, handle, self.stopped)
 
     def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:
         group = self.labels.group(key[0])

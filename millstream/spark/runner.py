@@ -30,6 +30,7 @@ import pyarrow.parquet as pq
 from millstream.core.plan import DEFAULT_KEY_GROUPS, ComputationPlan, plan_computation
 from millstream.model.pipeline import ErrorPolicy, Pipeline, PipelineError, Production
 from millstream.model.records import Record
+from millstream.spark import statestore
 from millstream.spark.commit import BatchStager, Checkpoint, ComputationCommit, Publisher
 from millstream.spark.errors import MillstreamRunError, reported_failure, restart_after, user_error_message
 from millstream.spark.feeds import Feeds
@@ -132,6 +133,7 @@ class SparkRunner:
         self._spark_conf = dict(spark_conf or {})
         self._spark = spark
         self._queries: dict[str, Any] = {}
+        self._namespaces: dict[str, tuple[str, ...]] = {}  # per query: its operators' cache namespaces
         self._restarts: dict[str, int] = {}
         self._start_positions: dict[str, dict[str, Any]] = {}  # new computations starting from now
         self.epoch = 0
@@ -392,6 +394,7 @@ class SparkRunner:
         query = self._queries.pop(name, None)
         if query is not None:
             query.stop()
+            statestore.note_stopped(self._namespaces.pop(name, ()))
         if self.publisher is not None:
             self.publisher.publish_committed(name)
         self.commits.pop(name, None)
@@ -439,12 +442,16 @@ class SparkRunner:
         spark.dataSource.register(source)
         rows = spark.readStream.format(source.name()).option("computation", first.name).load()
         namespace = commit.checkpoint.location
+        namespaces = self._namespaces[name] = tuple(f"{namespace}#{c.name}" for c in (*commit.fused, plan))
+        statestore.note_started(namespaces)
+        stopped = statestore.stopped_queries()  # their caches go (statestore.drop_stopped)
         for weak in commit.fused:
             rows = rows.groupBy("key_group").transformWithState(
-                FusedProducerProcessor(weak, plan, self.root, f"{namespace}#{weak.name}", labels), FUSED_SCHEMA,
-                "Update", "None")
+                FusedProducerProcessor(weak, plan, self.root, f"{namespace}#{weak.name}", labels, stopped),
+                FUSED_SCHEMA, "Update", "None")
         rows = rows.groupBy("key_group").transformWithState(
-            KeyGroupProcessor(plan, self.root, f"{namespace}#{name}", labels), OUTPUT_SCHEMA, "Update", "None")
+            KeyGroupProcessor(plan, self.root, f"{namespace}#{name}", labels, stopped), OUTPUT_SCHEMA, "Update",
+            "None")
         query = (
             rows.writeStream.queryName(f"{self.pipeline.name}.{name}")
             .foreachBatch(BatchStager(self.root, commit, self.lease, self.publisher))  # type: ignore[arg-type]
@@ -553,6 +560,8 @@ class SparkRunner:
             except Exception:  # stopping a failed query can raise again; it is stopped either way
                 pass
         self._queries.clear()
+        statestore.note_stopped(n for names in self._namespaces.values() for n in names)
+        self._namespaces.clear()
         self._remove_listener()
         if self.publisher is not None:
             try:

@@ -100,6 +100,7 @@ class _Cache:
     token: str | None = None
     live_bytes: int = 0
     watermark: int | None = None  # the latest watermark its expiry forgot dedup ids at
+    used_at: float = 0.0  # wall time this worker last read it (drop_stopped)
 
     def at(self, head: Head) -> bool:
         """Whether this cache holds `head`'s state: the same chain, its ids expired no further than
@@ -225,6 +226,56 @@ _DEDUP_ENTRY_BYTES = 48  # a (key, id, mark) entry, roughly, once pickled
 _CACHES: "OrderedDict[tuple[str, int], _Cache]" = OrderedDict()
 
 
+# -- caches of stopped queries ------------------------------------------------------------------
+# A stopped query's caches would stay in the worker processes until evicted by size, and each full
+# collection there (WorkerGarbage) would still visit them: a driver that runs query after query
+# (a notebook, a test suite, the benchmarks) made its workers slower run after run
+# (docs/performance.md, eleventh session). So the driver notes the namespaces of the queries it
+# stops, every query it starts afterwards carries them, and its operator drops their caches in the
+# workers it runs on. Dropping a cache never changes a result: a cache is checked against Spark's
+# committed head before each use, and a missing one is rebuilt.
+
+STOPPED_KEPT = 256  # the most recent stopped namespaces a query carries
+_STOPPED: "OrderedDict[str, float]" = OrderedDict()  # driver side: namespace -> wall time it stopped
+
+
+def note_stopped(namespaces: Iterable[str], at: float | None = None) -> None:
+    """Driver side: the queries of these namespaces stopped (now, or at `at`)."""
+    stopped_at = time.time() if at is None else at
+    for namespace in namespaces:
+        _STOPPED.pop(namespace, None)
+        _STOPPED[namespace] = stopped_at
+    while len(_STOPPED) > STOPPED_KEPT:
+        _STOPPED.popitem(last=False)
+
+
+def note_started(namespaces: Iterable[str]) -> None:
+    """Driver side: queries of these namespaces started again; later queries leave their caches be."""
+    for namespace in namespaces:
+        _STOPPED.pop(namespace, None)
+
+
+def stopped_queries() -> dict[str, float]:
+    """Driver side: namespace -> stop time of the queries stopped so far (the most recent ones)."""
+    return dict(_STOPPED)
+
+
+def drop_stopped(stopped: Mapping[str, float]) -> int:
+    """Worker side: drop the caches of stopped queries' namespaces that no task read since the stop
+    (a query restarted on the same root reads its caches again after it); how many were dropped.
+
+    >>> _CACHES[("gone", 0)] = _Cache(used_at=10.0)
+    >>> _CACHES[("restarted", 0)] = _Cache(used_at=30.0)
+    >>> drop_stopped({"gone": 20.0, "restarted": 20.0}), sorted(_CACHES)
+    (1, [('restarted', 0)])
+    >>> _CACHES.clear()
+    """
+    dropped = [key for key, cache in _CACHES.items() if cache.used_at <= stopped.get(key[0], -1.0)]
+    for key in dropped:
+        del _CACHES[key]
+    return len(dropped)
+
+
 def _evict(keep: tuple[str, int]) -> None:
     total = sum(c.size for c in _CACHES.values())
     while total > CACHE_BYTES and len(_CACHES) > 1:
@@ -261,6 +312,7 @@ class SparkKeyStore:
         cache = _CACHES.get(self._cache_key)
         if cache is None or not (cache.at(head) or cache.catch_up(head, self._chunk)):
             cache = _Cache.rebuilt(head, self._chunk)
+        cache.used_at = time.time()
         _CACHES[self._cache_key] = cache
         _CACHES.move_to_end(self._cache_key)
         _evict(self._cache_key)

@@ -11,6 +11,7 @@ from collections import Counter
 import pandas as pd
 
 from millstream import GeneratorInjector, Pipeline, Record
+from millstream.spark import statestore
 from millstream.spark.partitioning import GroupLabels, alignment
 from millstream.spark.runner import SparkRunner
 from millstream.windows import Count, TumblingWindows, WindowAggregate
@@ -91,6 +92,10 @@ def test_a_root_keeps_the_labels_its_state_was_written_under(spark, tmp_path):
     # A fresh root chooses labels at its first start and keeps them when it resumes on more cores.
     root = str(tmp_path / "fresh")
     stop_halfway(SparkRunner(pipeline(), root=root, spark=spark, key_groups=KEY_GROUPS, parallelism=2))
+    # The stopped query's caches are to leave the workers (statestore.drop_stopped); its resumed run
+    # (below, on the same root) keeps its own, and its output is still exact.
+    stopped = [ns for ns in statestore.stopped_queries() if ns.startswith(root + "/")]
+    assert len(stopped) == 1 and stopped[0].endswith("#windower")
     chosen = labels_of(root)
     assert chosen == list(GroupLabels.aligned(KEY_GROUPS).labels) != list(range(KEY_GROUPS))
     resumed = SparkRunner(pipeline(), root=root, spark=spark, key_groups=KEY_GROUPS, parallelism=3)
