@@ -19,6 +19,7 @@ from operator import attrgetter
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from pyspark.sql.pandas.types import from_arrow_schema
 
 from millstream.core.garbage import bulk_work
 from millstream.core.production import Produced, output_order
@@ -28,12 +29,6 @@ from millstream.spark.operator import METRICS
 from millstream.spark.source import LOG_SCHEMA
 from millstream.spark.storage import Storage
 
-WRITER_SCHEMA = (
-    "files array<struct<stream:string,path:string,rows:long>>, "
-    "sink_files array<struct<sink:string,path:string,rows:long>>, "
-    "reports array<struct<computation:string,key_group:int,records:long,duplicates:long,late:long,"
-    "timers_fired:long,productions:long,dead_letters:long,state_bytes:long,pending_timers:long,wake_wall:long,bytes_written:long>>"
-)
 _STREAM = attrgetter("stream")
 _ARROW_SCHEMA = pa.schema([
     ("files", pa.list_(pa.struct([("stream", pa.string()), ("path", pa.string()), ("rows", pa.int64())]))),
@@ -42,6 +37,9 @@ _ARROW_SCHEMA = pa.schema([
         ("computation", pa.string()), ("key_group", pa.int32()), *[(m, pa.int64()) for m in METRICS],
         ("wake_wall", pa.int64()), ("bytes_written", pa.int64())]))),
 ])
+# The same schema for Spark, as a StructType: a DDL string would be parsed in the JVM on every batch's
+# mapInArrow, a round trip on the driver's path between batches.
+WRITER_SCHEMA = from_arrow_schema(_ARROW_SCHEMA)
 
 
 @dataclass(frozen=True)
