@@ -265,7 +265,7 @@ class _Handle:
 def test_a_stopped_query_s_caches_leave_a_worker_when_a_later_query_starts_there():
     """A driver that runs query after query must not leave its workers holding (and collecting)
     every stopped query's state: the next query's operator drops those caches at its task's start,
-    but not those of a query restarted on the same root since, nor those of queries still running."""
+    but not those a query restarted on the same root has read since, nor any other namespace's."""
     from millstream import Computation, Pipeline, ScriptedInjector
     from millstream.core.plan import plan_computation
     from millstream.spark.operator import KeyGroupProcessor
@@ -286,15 +286,15 @@ def test_a_stopped_query_s_caches_leave_a_worker_when_a_later_query_starts_there
         statestore.note_stopped(["old#c", "restarted#c"])
         time.sleep(0.01)
         SparkKeyStore(FakeSpark(), FakeSpark(), "restarted#c", 0)  # read again by its restarted query
-        assert set(statestore.stopped_queries()) == {"old#c", "restarted#c"}
+        assert set(statestore.stopped_namespaces()) == {"old#c", "restarted#c"}
 
         processor = KeyGroupProcessor(plan_computation(pipeline, "c", key_groups=1), "/nowhere", "new#c",
-                                      GroupLabels.identity(1), statestore.stopped_queries())
+                                      GroupLabels.identity(1), statestore.stopped_namespaces())
         processor.init(_Handle())
         assert sorted(statestore._CACHES) == [("restarted#c", 0), ("running#c", 0)]
 
         statestore.note_started(["old#c"])  # a query on that root again: later queries leave it be
-        assert set(statestore.stopped_queries()) == {"restarted#c"}
+        assert set(statestore.stopped_namespaces()) == {"restarted#c"}
     finally:
         statestore._CACHES.clear()
         statestore._CACHES.update(saved_caches)

@@ -152,8 +152,8 @@ def step_bundles(plan: ComputationPlan, store: KeyStore, bundles: list[bytes], c
 
 class KeyGroupProcessor(StatefulProcessor):
     """A computation on Spark: one grouping key per key group (its label, partitioning.py).
-    `stopped`: the namespaces of queries the driver stopped before this one started, whose caches
-    the workers drop (statestore.drop_stopped)."""
+    `stopped`: namespace -> stop time of the operators of queries the driver stopped before this one
+    started (and not started again), whose caches the workers drop (statestore.drop_stopped)."""
 
     def __init__(self, plan: ComputationPlan, root: str, namespace: str, labels: GroupLabels,
                  stopped: Mapping[str, float] | None = None) -> None:

@@ -226,8 +226,15 @@ class SparkRunner:
         self._choose_labels(parallelism)
         spark.conf.set("spark.sql.shuffle.partitions", str(max(1, min(parallelism, self.key_groups))))
         self.feeds.start(self.pipeline.name)
+        # All of them before the first query runs: its tasks would drop the others' caches otherwise.
+        statestore.note_started(n for name in self.commits for n in self._cache_namespaces(name))
         for name in self.commits:
             self._queries[name] = self._start_query(name)
+
+    def _cache_namespaces(self, name: str) -> tuple[str, ...]:
+        """The namespaces of the worker caches of a computation's query: its operators' (statestore)."""
+        commit = self.commits[name]
+        return tuple(f"{commit.checkpoint.location}#{c.name}" for c in (*commit.fused, commit.plan))
 
     def on_query_progress(self, callback: Callable[[str, Any], None]) -> Callable[[], None]:
         """Call `callback(computation, progress)` after every Spark batch of this pipeline's queries,
@@ -442,9 +449,9 @@ class SparkRunner:
         spark.dataSource.register(source)
         rows = spark.readStream.format(source.name()).option("computation", first.name).load()
         namespace = commit.checkpoint.location
-        namespaces = self._namespaces[name] = tuple(f"{namespace}#{c.name}" for c in (*commit.fused, plan))
+        namespaces = self._namespaces[name] = self._cache_namespaces(name)
         statestore.note_started(namespaces)
-        stopped = statestore.stopped_queries()  # their caches go (statestore.drop_stopped)
+        stopped = statestore.stopped_namespaces()  # their caches go (statestore.drop_stopped)
         for weak in commit.fused:
             rows = rows.groupBy("key_group").transformWithState(
                 FusedProducerProcessor(weak, plan, self.root, f"{namespace}#{weak.name}", labels, stopped),
@@ -560,7 +567,7 @@ class SparkRunner:
             except Exception:  # stopping a failed query can raise again; it is stopped either way
                 pass
         self._queries.clear()
-        statestore.note_stopped(n for names in self._namespaces.values() for n in names)
+        statestore.note_stopped([n for names in self._namespaces.values() for n in names])
         self._namespaces.clear()
         self._remove_listener()
         if self.publisher is not None:

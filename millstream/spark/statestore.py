@@ -100,7 +100,7 @@ class _Cache:
     token: str | None = None
     live_bytes: int = 0
     watermark: int | None = None  # the latest watermark its expiry forgot dedup ids at
-    used_at: float = 0.0  # wall time this worker last read it (drop_stopped)
+    used_at: float = 0.0  # wall time this Python worker process last read it (drop_stopped)
 
     def at(self, head: Head) -> bool:
         """Whether this cache holds `head`'s state: the same chain, its ids expired no further than
@@ -230,12 +230,15 @@ _CACHES: "OrderedDict[tuple[str, int], _Cache]" = OrderedDict()
 # A stopped query's caches would stay in the worker processes until evicted by size, and each full
 # collection there (WorkerGarbage) would still visit them: a driver that runs query after query
 # (a notebook, a test suite, the benchmarks) made its workers slower run after run
-# (docs/performance.md, eleventh session). So the driver notes the namespaces of the queries it
-# stops, every query it starts afterwards carries them, and its operator drops their caches in the
-# workers it runs on. Dropping a cache never changes a result: a cache is checked against Spark's
-# committed head before each use, and a missing one is rebuilt.
+# (docs/performance.md, eleventh session). So the driver notes the namespaces (one per operator:
+# `<checkpoint>#<computation>`) of the queries it stops, every query it starts afterwards carries
+# them, and its operator drops their caches in the Python worker processes its tasks run in. Only
+# those: a worker no later query reaches keeps them until evicted by size. Dropping a cache never
+# changes a result: a cache is checked against Spark's committed head before each use, and a missing
+# one is rebuilt. Stop times are the driver's wall clock and read times the worker's: on a cluster
+# whose clocks disagree, a cache may be kept or rebuilt needlessly, never wrongly used.
 
-STOPPED_KEPT = 256  # the most recent stopped namespaces a query carries
+STOPPED_KEPT = 64  # the most recent stopped namespaces a query carries (pickled into every task)
 _STOPPED: "OrderedDict[str, float]" = OrderedDict()  # driver side: namespace -> wall time it stopped
 
 
@@ -255,8 +258,9 @@ def note_started(namespaces: Iterable[str]) -> None:
         _STOPPED.pop(namespace, None)
 
 
-def stopped_queries() -> dict[str, float]:
-    """Driver side: namespace -> stop time of the queries stopped so far (the most recent ones)."""
+def stopped_namespaces() -> dict[str, float]:
+    """Driver side: namespace -> stop time, for the most recent namespaces whose query stopped and
+    has not started again."""
     return dict(_STOPPED)
 
 
@@ -264,11 +268,12 @@ def drop_stopped(stopped: Mapping[str, float]) -> int:
     """Worker side: drop the caches of stopped queries' namespaces that no task read since the stop
     (a query restarted on the same root reads its caches again after it); how many were dropped.
 
+    >>> saved = dict(_CACHES); _CACHES.clear()
     >>> _CACHES[("gone", 0)] = _Cache(used_at=10.0)
     >>> _CACHES[("restarted", 0)] = _Cache(used_at=30.0)
     >>> drop_stopped({"gone": 20.0, "restarted": 20.0}), sorted(_CACHES)
     (1, [('restarted', 0)])
-    >>> _CACHES.clear()
+    >>> _CACHES.clear(); _CACHES.update(saved)
     """
     dropped = [key for key, cache in _CACHES.items() if cache.used_at <= stopped.get(key[0], -1.0)]
     for key in dropped:

@@ -92,13 +92,15 @@ def test_a_root_keeps_the_labels_its_state_was_written_under(spark, tmp_path):
     # A fresh root chooses labels at its first start and keeps them when it resumes on more cores.
     root = str(tmp_path / "fresh")
     stop_halfway(SparkRunner(pipeline(), root=root, spark=spark, key_groups=KEY_GROUPS, parallelism=2))
-    # The stopped query's caches are to leave the workers (statestore.drop_stopped); its resumed run
-    # (below, on the same root) keeps its own, and its output is still exact.
-    stopped = [ns for ns in statestore.stopped_queries() if ns.startswith(root + "/")]
+    # The stopped query's caches are to leave the workers (statestore.drop_stopped), until a query
+    # starts on its root again: the resumed run below no longer lists it for others to drop.
+    stopped = [ns for ns in statestore.stopped_namespaces() if ns.startswith(root + "/")]
     assert len(stopped) == 1 and stopped[0].endswith("#windower")
     chosen = labels_of(root)
     assert chosen == list(GroupLabels.aligned(KEY_GROUPS).labels) != list(range(KEY_GROUPS))
     resumed = SparkRunner(pipeline(), root=root, spark=spark, key_groups=KEY_GROUPS, parallelism=3)
+    resumed.start()
+    assert stopped[0] not in statestore.stopped_namespaces()
     resumed.run(timeout=300)
     assert labels_of(root) == chosen
     assert windows(resumed) == expected_windows()
