@@ -448,17 +448,15 @@ class SparkRunner:
         source = source_for(source_plan)
         spark.dataSource.register(source)
         rows = spark.readStream.format(source.name()).option("computation", first.name).load()
-        namespace = commit.checkpoint.location
-        namespaces = self._namespaces[name] = self._cache_namespaces(name)
+        namespaces = self._namespaces[name] = self._cache_namespaces(name)  # the fused ones', then plan's
         statestore.note_started(namespaces)
         stopped = statestore.stopped_namespaces()  # their caches go (statestore.drop_stopped)
-        for weak in commit.fused:
+        for weak, weak_namespace in zip(commit.fused, namespaces):
             rows = rows.groupBy("key_group").transformWithState(
-                FusedProducerProcessor(weak, plan, self.root, f"{namespace}#{weak.name}", labels, stopped),
-                FUSED_SCHEMA, "Update", "None")
+                FusedProducerProcessor(weak, plan, self.root, weak_namespace, labels, stopped), FUSED_SCHEMA,
+                "Update", "None")
         rows = rows.groupBy("key_group").transformWithState(
-            KeyGroupProcessor(plan, self.root, f"{namespace}#{name}", labels, stopped), OUTPUT_SCHEMA, "Update",
-            "None")
+            KeyGroupProcessor(plan, self.root, namespaces[-1], labels, stopped), OUTPUT_SCHEMA, "Update", "None")
         query = (
             rows.writeStream.queryName(f"{self.pipeline.name}.{name}")
             .foreachBatch(BatchStager(self.root, commit, self.lease, self.publisher))  # type: ignore[arg-type]
