@@ -1,5 +1,5 @@
-"""The Spark operator's worker keeps its key caches out of the full collection PySpark's daemon
-runs after every task (statestore.WorkerGarbage)."""
+"""A reused Python worker keeps what it holds (the operator's key caches, every module it imported) out
+of the full collection PySpark's daemon runs after every task (core/garbage.py's WorkerGarbage)."""
 
 import gc
 import weakref
@@ -7,7 +7,7 @@ import weakref
 import pytest
 
 from millstream.core.store import StoredKey
-from millstream.spark.statestore import WorkerGarbage
+from millstream.core.garbage import WorkerGarbage
 
 
 class Clock:
@@ -73,3 +73,33 @@ def test_a_worker_waiting_for_its_next_batch_does_not_bring_the_next_full_collec
     while time.process_time() < busy_until:  # a step's work
         pass
     assert garbage.settle() is True
+
+
+def _unfrozen_objects_after(task) -> int:
+    """What PySpark's daemon would visit in its full collection right after `task` ran in a worker
+    that has imported everything a worker imports (tens of thousands of objects)."""
+    gc.unfreeze()
+    task()
+    return len(gc.get_objects())
+
+
+def test_a_writer_task_leaves_the_worker_frozen_for_the_daemon_s_collection(tmp_path):
+    from millstream.core.production import Produced, order_base
+    from millstream.spark.writer import BatchWriter
+    from tests.test_writer import operator_rows
+
+    productions = [Produced("out", f"k{i % 7}", b"v", i, f"id{i}", 0, order_base(f"k{i % 7}") + i) for i in range(500)]
+    rows = operator_rows(productions, 3, 50)
+    assert len(gc.get_objects()) > 10_000  # the modules alone, before any freezing
+    left = _unfrozen_objects_after(lambda: list(BatchWriter(str(tmp_path), "win", 1, "a", ())(iter([rows]))))
+    assert left < 1_000
+
+
+def test_a_source_task_leaves_the_worker_frozen_for_the_daemon_s_collection(tmp_path):
+    from millstream.spark.partitioning import GroupLabels
+    from millstream.spark.source import BatchPlan, InputsReader, SourcePlan, _Partition
+
+    reader = InputsReader(SourcePlan(None, str(tmp_path), (), "wake", GroupLabels((0, 1, 2))))  # type: ignore[arg-type]
+    heartbeat = _Partition("heartbeat", None, BatchPlan((), 0).dumps())
+    left = _unfrozen_objects_after(lambda: list(reader.read(heartbeat)))
+    assert left < 1_000

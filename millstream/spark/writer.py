@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyspark.sql.pandas.types import from_arrow_schema
 
-from millstream.core.garbage import bulk_work
+from millstream.core.garbage import WORKER_GARBAGE, bulk_work
 from millstream.core.production import Produced, output_order
 from millstream.model.codecs import Codec
 from millstream.spark.bundles import unpack, unpack_productions
@@ -69,6 +69,7 @@ class BatchWriter:
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         with bulk_work():  # the whole batch's productions at once (core/garbage.py)
             written = self._write(batches)
+        WORKER_GARBAGE.settle()  # the daemon's collection after the task then skips the worker's modules
         yield written
 
     def _write(self, batches: Iterator[pa.RecordBatch]) -> pa.RecordBatch:
