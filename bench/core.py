@@ -41,7 +41,7 @@ from millstream.core.store import MemoryKeyStore
 from millstream.core.watermarks import Segment
 from millstream.model.codecs import DEFAULT_CODEC
 from millstream.model.records import END_OF_TIME
-from millstream.spark.bundles import pack, pack_productions, unpack_productions
+from millstream.spark.bundles import pack, pack_production_columns, unpack_production_columns
 from millstream.spark.operator import step_bundles
 from millstream.spark.source import DEFAULT_MAX_RECORDS_PER_BATCH
 
@@ -87,7 +87,7 @@ def run_core(keys: int, total: int, batch: int, profiler: cProfile.Profile | Non
         for group in range(KEY_GROUPS):
             bundle = per_group.get(group)
             result = step_bundles(plan, stores[group], [bundle] if bundle else [], codecs, segments, 0)
-            produced.append(pack_productions(result.rows))  # as the operator ships them
+            produced.append(pack_production_columns(result.rows))  # as the operator ships them
         before = after
     cpu, wall = time.process_time() - started, time.perf_counter() - started_wall
     if profiler is not None:
@@ -95,9 +95,9 @@ def run_core(keys: int, total: int, batch: int, profiler: cProfile.Profile | Non
     out_codec = plan.output_codecs["windows"]
     windows = Counter()
     for chunk in produced:
-        for p in unpack_productions(chunk):
-            value = out_codec.decode(p.value)
-            windows[(p.key, value["bucket"], value["count"])] += 1
+        for _, key, encoded, *_ in zip(*unpack_production_columns(chunk)):
+            value = out_codec.decode(encoded)
+            windows[(key, value["bucket"], value["count"])] += 1
     return cpu, wall, windows
 
 

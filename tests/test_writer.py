@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 
 from millstream.core.garbage import BULK_THRESHOLD
 from millstream.core.production import Produced, order_base
-from millstream.spark.bundles import pack_productions
+from millstream.spark.bundles import pack_production_columns
 from millstream.spark.operator import METRICS
 from millstream.spark.storage import Storage
 from millstream.spark.writer import BatchWriter
@@ -22,7 +22,7 @@ def operator_rows(productions: list[Produced], groups: int, per_bundle: int) -> 
         share = productions[group::groups]
         for start in range(0, len(share), per_bundle):
             counters = {("productions_count" if m == "productions" else m): 1 for m in METRICS}
-            rows.append({"key_group": group, "productions": pack_productions(share[start:start + per_bundle]),
+            rows.append({"key_group": group, "productions": pack_production_columns(share[start:start + per_bundle]),
                          "computation": "win", **counters, "wake_wall": None, "bytes_written": 0,
                          "upstream_reports": None})
     return pa.RecordBatch.from_pylist(rows)

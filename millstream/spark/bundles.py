@@ -56,3 +56,19 @@ def pack_productions(items: Sequence[Produced | ProductionRow]) -> bytes:
 
 def unpack_productions(bundle: bytes | None) -> list[Produced]:
     return list(map(as_produced, pickle.loads(bundle))) if bundle else []
+
+
+def pack_production_columns(rows: Sequence[ProductionRow]) -> bytes:
+    """A step's rows of productions as one bundle of columns, Produced's fields in order: the writer
+    extends its own columns with them and sorts in Arrow, with no Python object per production."""
+    return flatpickle.dumps(list(zip(*rows)))
+
+
+def unpack_production_columns(bundle: bytes | None) -> list[tuple[Any, ...]]:
+    """The columns `pack_production_columns` packed (none for no bundle).
+
+    >>> rows = [("s", "k", b"v", 1, "id1", 0, 5), ("s", "k", b"w", 2, "id2", 0, 6)]
+    >>> unpack_production_columns(pack_production_columns(rows))[1:3], unpack_production_columns(None)
+    ([('k', 'k'), (b'v', b'w')], [])
+    """
+    return pickle.loads(bundle) if bundle else []

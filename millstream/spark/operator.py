@@ -34,8 +34,8 @@ from millstream.core.watermarks import Segment
 from millstream.model.computation import ComputationInfo
 from millstream.model.pipeline import DEAD_LETTERS
 from millstream.model.records import Record
-from millstream.spark.bundles import (BUNDLE_RECORDS, DeliveryItem, deliveries, pack, pack_productions, unpack,
-                                      unpack_productions)
+from millstream.spark.bundles import (BUNDLE_RECORDS, DeliveryItem, deliveries, pack, pack_production_columns,
+                                      pack_productions, unpack, unpack_productions)
 from millstream.spark.errors import report_failure
 from millstream.spark.partitioning import GroupLabels
 from millstream.spark.source import BatchPlan
@@ -90,7 +90,7 @@ def output_rows(plan: ComputationPlan, group: int, result: StepResult, bytes_wri
     first = True
     for start in range(0, max(len(productions), 1), BUNDLE_RECORDS):
         chunk = productions[start:start + BUNDLE_RECORDS]
-        yield Row(key_group=group, productions=pack_productions(chunk) if chunk else None, computation=plan.name,
+        yield Row(key_group=group, productions=pack_production_columns(chunk) if chunk else None, computation=plan.name,
                   records=metrics.records if first else 0, duplicates=metrics.duplicates if first else 0,
                   late=metrics.late if first else 0, timers_fired=metrics.timers_fired if first else 0,
                   productions_count=metrics.productions if first else 0,

@@ -13,23 +13,21 @@ from __future__ import annotations
 import io
 import json
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping
-
-from operator import attrgetter
+from typing import Any, Iterator, Mapping, Sequence
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from millstream.core.garbage import WORKER_GARBAGE, bulk_work
-from millstream.core.production import Produced, output_order
+from millstream.core.production import Produced
 from millstream.model.codecs import Codec
-from millstream.spark.bundles import unpack, unpack_productions
+from millstream.spark.bundles import unpack, unpack_production_columns
 from millstream.spark.operator import METRICS
 from millstream.spark.source import LOG_SCHEMA
 from millstream.spark.storage import Storage
 
-_STREAM = attrgetter("stream")
 _ARROW_SCHEMA = pa.schema([
     ("files", pa.list_(pa.struct([("stream", pa.string()), ("path", pa.string()), ("rows", pa.int64())]))),
     ("sink_files", pa.list_(pa.struct([("sink", pa.string()), ("path", pa.string()), ("rows", pa.int64())]))),
@@ -77,51 +75,63 @@ class BatchWriter:
 
         context = TaskContext.get()
         task = f"{context.partitionId():05d}-{context.taskAttemptId()}" if context else "00000-0"
-        produced: list[Produced] = []
+        columns: list[list[Any]] = [[] for _ in Produced._fields]
         reports: list[dict[str, Any]] = []
         for record_batch in batches:
             for row in record_batch.to_pylist():
-                produced.extend(unpack_productions(row["productions"]))
+                for column, part in zip(columns, unpack_production_columns(row["productions"])):
+                    column.extend(part)
                 reports.append(_report(row))
                 reports.extend(unpack(row["upstream_reports"]))  # fused weak computations' counters
-        by_stream = by_output_stream(produced)
+        by_stream = log_tables(columns)
         storage = Storage(self.root)
         files = []
-        for stream, items in sorted(by_stream.items()):
-            items.sort(key=output_order)
+        for stream, table in sorted(by_stream.items()):
             path = f"{staging_dir(self.computation, self.batch, self.attempt)}/{stream}-{task}.parquet"
-            storage.write_parquet(path, log_table(items))
-            files.append({"stream": stream, "path": storage.full_path(path), "rows": len(items)})
+            storage.write_parquet(path, table)
+            files.append({"stream": stream, "path": storage.full_path(path), "rows": table.num_rows})
         sink_files = []
         for sink in self.sinks:
-            sink_items = by_stream.get(sink.stream)
-            if not sink_items:
+            table = by_stream.get(sink.stream)
+            if table is None:
                 continue
             path = f"{sink_staging_dir(sink.name, self.computation, self.batch, self.attempt)}/part-{task}.{sink.format}"
-            storage.write(path, sink_file(sink_items, sink.format, sink.codec))
-            sink_files.append({"sink": sink.name, "path": path, "rows": len(sink_items)})
+            storage.write(path, sink_file(table, sink.format, sink.codec))
+            sink_files.append({"sink": sink.name, "path": path, "rows": table.num_rows})
         return pa.RecordBatch.from_pylist([{"files": files, "sink_files": sink_files, "reports": reports}],
                                           schema=_ARROW_SCHEMA)
 
 
-def by_output_stream(produced: list[Produced]) -> dict[str, list[Produced]]:
-    """Productions per stream (most computations have one output stream: then the list itself).
+# A producer's output in the order its consumers take it: (segment, order), order split as the log stores it.
+_OUTPUT_ORDER = [("segment", "ascending"), ("order_key", "ascending"), ("order_seq", "ascending")]
 
-    >>> from operator import attrgetter
 
-from millstream.core.garbage import bulk_work
-from millstream.core.production import Produced, output_order
-    >>> a, b = Produced("s", "k", b"", 0, "1", 0, 0), Produced("t", "k", b"", 0, "2", 0, 1)
-    >>> by_output_stream([a, b]) == {"s": [a], "t": [b]}, by_output_stream([a])["s"] == [a]
-    (True, True)
+def log_tables(columns: Sequence[Sequence[Any]]) -> dict[str, pa.Table]:
+    """Each output stream's productions, given as columns in Produced's field order, as the table of
+    its stream log, in the order its consumers take them: (segment, order), sorted in Arrow.
+
+    >>> rows = [("s", "b", b"2", 5, "i2", 1, 1 << 32), ("t", "a", b"1", 4, "i1", 0, 7),
+    ...         ("s", "a", b"0", 3, "i0", 1, 5), ("s", "c", b"3", 6, "i3", 0, 9)]
+    >>> tables = log_tables(list(zip(*rows)))
+    >>> sorted(tables), tables["s"].column("id").to_pylist(), tables["t"].column("order_seq").to_pylist()
+    (['s', 't'], ['i3', 'i0', 'i2'], [7])
     """
-    streams = set(map(_STREAM, produced))
-    if len(streams) <= 1:
-        return {stream: produced for stream in streams}
-    by_stream: dict[str, list[Produced]] = {stream: [] for stream in streams}
-    for item in produced:
-        by_stream[item.stream].append(item)
-    return by_stream
+    streams, keys, values, timestamps, ids, segments, orders = columns
+    table = pa.table({
+        "key": keys,
+        "value": values,
+        "timestamp": timestamps,
+        "id": ids,
+        "segment": segments,
+        "order_key": [order >> 32 for order in orders],
+        "order_seq": [order & 0xFFFFFFFF for order in orders],
+    }, schema=LOG_SCHEMA)
+    kinds = set(streams)
+    if len(kinds) <= 1:
+        return {stream: table.sort_by(_OUTPUT_ORDER) for stream in kinds}
+    in_order = pc.sort_indices(table, sort_keys=_OUTPUT_ORDER)
+    table, stream_column = table.take(in_order), pa.array(streams, pa.string()).take(in_order)
+    return {stream: table.filter(pc.equal(stream_column, stream)) for stream in kinds}
 
 
 def _report(row: Mapping[str, Any]) -> dict[str, Any]:
@@ -132,24 +142,12 @@ def _report(row: Mapping[str, Any]) -> dict[str, Any]:
             "wake_wall": row["wake_wall"], "bytes_written": row["bytes_written"]}
 
 
-def log_table(items: list[Produced]) -> pa.Table:
-    # Columns by transposing the tuples in C, named by Produced's own fields.
-    columns = dict(zip(Produced._fields, zip(*items))) if items else dict.fromkeys(Produced._fields, ())
-    orders = columns["order"]
-    return pa.table({
-        "key": columns["key"],
-        "value": columns["value"],
-        "timestamp": columns["timestamp"],
-        "id": columns["id"],
-        "segment": columns["segment"],
-        "order_key": [order >> 32 for order in orders],
-        "order_seq": [order & 0xFFFFFFFF for order in orders],
-    }, schema=LOG_SCHEMA)
-
-
-def sink_file(items: list[Produced], fmt: str, codec: Codec) -> bytes:
-    """A user-facing file of decoded records: JSON lines, or Parquet with dict values flattened."""
-    rows = [{"key": p.key, "timestamp": p.timestamp, "id": p.id, "value": codec.decode(p.value)} for p in items]
+def sink_file(table: pa.Table, fmt: str, codec: Codec) -> bytes:
+    """A user-facing file of a stream log table's records, values decoded: JSON lines, or Parquet with
+    dict values flattened."""
+    fields = ("key", "timestamp", "id", "value")
+    rows = [{"key": key, "timestamp": timestamp, "id": record_id, "value": codec.decode(value)}
+            for key, timestamp, record_id, value in zip(*(table.column(name).to_pylist() for name in fields))]
     if fmt == "jsonl":
         return "".join(json.dumps(r, sort_keys=True, default=str) + "\n" for r in rows).encode()
     flat = [{"key": r["key"], "timestamp": r["timestamp"], "id": r["id"], **r["value"]}
