@@ -1,3 +1,4 @@
+import gc
 import os
 
 import pytest
@@ -16,3 +17,11 @@ def s3_server():
     server = S3Server()
     yield server
     server.stop()
+
+
+@pytest.fixture(autouse=True)
+def unfrozen_collector():
+    """A worker task run in a test's own process freezes what is alive (spark/worker_garbage.py):
+    later tests must not find their objects hidden from the collector."""
+    yield
+    gc.unfreeze()

@@ -1,13 +1,11 @@
 """A reused Python worker keeps what it holds (the operator's key caches, every module it imported) out
-of the full collection PySpark's daemon runs after every task (core/garbage.py's WorkerGarbage)."""
+of the full collection PySpark's daemon runs after every task (spark/worker_garbage.py)."""
 
 import gc
 import weakref
 
-import pytest
-
 from millstream.core.store import StoredKey
-from millstream.core.garbage import WorkerGarbage
+from millstream.spark.worker_garbage import WorkerGarbage
 
 
 class Clock:
@@ -16,12 +14,6 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
-
-
-@pytest.fixture(autouse=True)
-def unfrozen():
-    yield
-    gc.unfreeze()
 
 
 class Node:
@@ -75,24 +67,24 @@ def test_a_worker_waiting_for_its_next_batch_does_not_bring_the_next_full_collec
     assert garbage.settle() is True
 
 
-def _unfrozen_objects_after(task) -> int:
-    """What PySpark's daemon would visit in its full collection right after `task` ran in a worker
-    that has imported everything a worker imports (tens of thousands of objects)."""
+def _unfrozen_objects(task) -> tuple[int, int]:
+    """What PySpark's daemon would visit in its full collection before and right after `task` ran, in
+    a process that imported all a worker imports (tens of thousands of objects)."""
     gc.unfreeze()
+    before = len(gc.get_objects())
     task()
-    return len(gc.get_objects())
+    return before, len(gc.get_objects())
 
 
 def test_a_writer_task_leaves_the_worker_frozen_for_the_daemon_s_collection(tmp_path):
     from millstream.core.production import Produced, order_base
     from millstream.spark.writer import BatchWriter
-    from tests.test_writer import operator_rows
+    from test_writer import operator_rows
 
     productions = [Produced("out", f"k{i % 7}", b"v", i, f"id{i}", 0, order_base(f"k{i % 7}") + i) for i in range(500)]
     rows = operator_rows(productions, 3, 50)
-    assert len(gc.get_objects()) > 10_000  # the modules alone, before any freezing
-    left = _unfrozen_objects_after(lambda: list(BatchWriter(str(tmp_path), "win", 1, "a", ())(iter([rows]))))
-    assert left < 1_000
+    before, after = _unfrozen_objects(lambda: list(BatchWriter(str(tmp_path), "win", 1, "a", ())(iter([rows]))))
+    assert before > 10_000 and after < 1_000
 
 
 def test_a_source_task_leaves_the_worker_frozen_for_the_daemon_s_collection(tmp_path):
@@ -101,5 +93,5 @@ def test_a_source_task_leaves_the_worker_frozen_for_the_daemon_s_collection(tmp_
 
     reader = InputsReader(SourcePlan(None, str(tmp_path), (), "wake", GroupLabels((0, 1, 2))))  # type: ignore[arg-type]
     heartbeat = _Partition("heartbeat", None, BatchPlan((), 0).dumps())
-    left = _unfrozen_objects_after(lambda: list(reader.read(heartbeat)))
-    assert left < 1_000
+    before, after = _unfrozen_objects(lambda: list(reader.read(heartbeat)))
+    assert before > 10_000 and after < 1_000

@@ -59,3 +59,29 @@ def test_each_stream_gets_one_file_in_segment_then_order_order_and_collections_w
         assert written["rows"] == len(expected) == len(table)
         assert [(r["key"], r["value"], r["timestamp"], r["id"], r["segment"], r["order_key"] << 32 | r["order_seq"])
                 for r in table] == [(p.key, p.value, p.timestamp, p.id, p.segment, p.order) for p in expected]
+
+
+def test_a_file_sink_gets_its_stream_s_records_decoded_in_output_order(tmp_path):
+    import json
+
+    from millstream.model.codecs import JsonCodec
+    from millstream.spark.writer import FileSink
+
+    codec = JsonCodec()
+    rng = random.Random(11)
+    productions = [Produced(rng.choice(["windows", "alerts"]), f"k{i % 13}", codec.encode({"n": i, "tag": f"t{i}"}),
+                            1_000 + i, f"id{i}", rng.randrange(3), order_base(f"k{i % 13}") + i) for i in range(400)]
+    rng.shuffle(productions)
+    sinks = (FileSink("lines", "alerts", str(tmp_path / "out"), "jsonl", codec),
+             FileSink("table", "alerts", str(tmp_path / "out2"), "parquet", codec))
+    [summary] = list(BatchWriter(str(tmp_path), "win", 3, "attempt", sinks)(iter([operator_rows(productions, 4, 30)])))[0].to_pylist()
+
+    expected = [{"key": p.key, "timestamp": p.timestamp, "id": p.id, "value": json.loads(p.value)}
+                for p in sorted((p for p in productions if p.stream == "alerts"), key=lambda p: (p.segment, p.order))]
+    by_sink = {f["sink"]: f for f in summary["sink_files"]}
+    assert by_sink["lines"]["rows"] == by_sink["table"]["rows"] == len(expected)
+    storage = Storage(str(tmp_path))
+    lines = [json.loads(line) for line in storage.read(by_sink["lines"]["path"]).decode().splitlines()]
+    assert lines == expected
+    table = pq.read_table(pa.BufferReader(storage.read(by_sink["table"]["path"]))).to_pylist()
+    assert table == [{"key": e["key"], "timestamp": e["timestamp"], "id": e["id"], **e["value"]} for e in expected]

@@ -1,5 +1,4 @@
-"""Garbage collection around bulk work (a step, a batch's bundles built or unpacked, its output written),
-and after a Spark task in a reused Python worker (WorkerGarbage).
+"""Garbage collection around bulk work: a step, a batch's bundles built or unpacked, its output written.
 
 Such work allocates hundreds of thousands of short-lived tuples and records in one go, while the
 process may also hold much long-lived data (a key group's dedup ids, cached key state). With CPython's
@@ -20,11 +19,10 @@ True
 from __future__ import annotations
 
 import gc
-import time
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Iterator
 
-__all__ = ["BULK_THRESHOLD", "WORKER_GARBAGE", "WorkerGarbage", "bulk_work"]
+__all__ = ["BULK_THRESHOLD", "bulk_work"]
 
 BULK_THRESHOLD = (100_000, 1_000, 1_000)
 
@@ -38,51 +36,3 @@ def bulk_work() -> Iterator[None]:
         yield
     finally:
         gc.set_threshold(*before)
-
-
-class WorkerGarbage:
-    """Keeps the full collection PySpark's daemon runs after every task from visiting what the worker keeps.
-
-    PySpark's daemon runs `gc.collect()` after every task of a reused Python worker: a full
-    collection that visits every object alive, so each task would cost time in proportion to all
-    the worker holds: the key caches of the operator's workers, and even in a worker that only reads
-    or writes, every module it imported (tens of thousands of objects; docs/performance.md measured
-    both). So every kind of task ends with `settle()`: the operator after each key group's step, the
-    source's read and the batch writer at their end. It moves what is alive into the permanent
-    generation (`gc.freeze`, O(1)), which collections skip; frozen objects are still freed by
-    reference counting, as the caches' tuples and bytes are. Only cyclic garbage that was frozen
-    waits for a real full collection, run again once the worker has spent `spacing` times the
-    collection's own CPU time, and at least `min_gap_s`, on other work: `clock` is the process's CPU
-    time, so a full collection takes at most ~1/spacing of the worker's work however large the
-    state, and a worker waiting for its next batch does not bring the next collection closer.
-
-    >>> clock = iter([0.0, 0.1, 1.0, 2.2, 2.2, 2.2]).__next__  # the times settle() reads, in order
-    >>> garbage = WorkerGarbage(spacing=20, min_gap_s=1.0, clock=clock)
-    >>> garbage.settle()  # the first one collects in full: from 0.0 to 0.1, so the next from 2.1
-    True
-    >>> garbage.settle(), garbage.settle()  # at 1.0: too soon; at 2.2: due
-    (False, True)
-    >>> gc.get_freeze_count() > 0
-    True
-    >>> gc.unfreeze()
-    """
-
-    def __init__(self, spacing: float = 100.0, min_gap_s: float = 1.0, clock: Any = time.process_time) -> None:
-        self.spacing, self.min_gap_s, self.clock = spacing, min_gap_s, clock
-        self.next_full_at: float | None = None
-
-    def settle(self) -> bool:
-        """Freeze what is alive; first collect in full if it is time. True if it collected."""
-        collected = False
-        if self.next_full_at is None or self.clock() >= self.next_full_at:
-            gc.unfreeze()
-            started = self.clock()
-            gc.collect()
-            ended = self.clock()
-            self.next_full_at = ended + max(self.min_gap_s, self.spacing * (ended - started))
-            collected = True
-        gc.freeze()
-        return collected
-
-
-WORKER_GARBAGE = WorkerGarbage()

@@ -33,7 +33,8 @@ ProductionRow = tuple[str, str, bytes, int, str, int, int]
 as_produced = partial(tuple.__new__, Produced)  # a row as a Produced, built in C
 
 # A producer's output in the order its consumers take it: (segment, order).
-output_order = attrgetter("segment", "order")
+OUTPUT_ORDER = ("segment", "order")
+output_order = attrgetter(*OUTPUT_ORDER)
 
 
 def order_base(key: str) -> int:

@@ -49,8 +49,8 @@ def unpack(bundle: bytes | None) -> list[Any]:
 
 
 def pack_productions(items: Sequence[Produced | ProductionRow]) -> bytes:
-    """Productions, or a step's rows of them, as one bundle. Pickle reduces a NamedTuple through a
-    Python-level call per item, a plain tuple in C: they travel as rows (production.ProductionRow)."""
+    """Productions (dead letters and passed-through rejects) as one bundle of rows. Pickle reduces a
+    NamedTuple through a Python-level call per item, a plain tuple in C: they travel as plain tuples."""
     return flatpickle.dumps(list(map(tuple, items)))
 
 
@@ -60,7 +60,7 @@ def unpack_productions(bundle: bytes | None) -> list[Produced]:
 
 def pack_production_columns(rows: Sequence[ProductionRow]) -> bytes:
     """A step's rows of productions as one bundle of columns, Produced's fields in order: the writer
-    extends its own columns with them and sorts in Arrow, with no Python object per production."""
+    extends its own lists with them and sorts in Arrow, with no Produced built per production."""
     return flatpickle.dumps(list(zip(*rows)))
 
 

@@ -26,7 +26,7 @@ import dataclasses
 from typing import Any, Iterator, Mapping, Sequence
 
 from millstream.core.executor import ComputationFailed, KeyGroupExecutor, StepResult, key_or_dead_letter
-from millstream.core.garbage import WORKER_GARBAGE, bulk_work
+from millstream.core.garbage import bulk_work
 from millstream.core.plan import ComputationPlan, key_group
 from millstream.core.production import Produced
 from millstream.core.store import KeyStore
@@ -40,6 +40,7 @@ from millstream.spark.errors import report_failure
 from millstream.spark.partitioning import GroupLabels
 from millstream.spark.source import BatchPlan
 from millstream.spark.statestore import SparkKeyStore, drop_stopped
+from millstream.spark.worker_garbage import WORKER_GARBAGE
 
 try:
     from pyspark.sql import Row

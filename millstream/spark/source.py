@@ -31,7 +31,7 @@ import pyarrow.parquet as pq
 
 from millstream.core.deadletters import dead_letter
 from millstream.core.executor import ComputationFailed, key_or_dead_letter
-from millstream.core.garbage import WORKER_GARBAGE, bulk_work
+from millstream.core.garbage import bulk_work
 from millstream.core.plan import ComputationPlan, InputPlan, SenderPlan, key_group
 from millstream.core.production import Produced
 from millstream.core.watermarks import Segment, WatermarkCoalescer, published_keyed, too_far_ahead
@@ -44,6 +44,7 @@ from millstream.spark.partitioning import GroupLabels
 from millstream.spark.publog import BATCH, PublicationLog
 from millstream.spark.rootfiles import latest_status
 from millstream.spark.storage import Storage
+from millstream.spark.worker_garbage import WORKER_GARBAGE
 
 try:  # Spark's DataSource API; only needed where Spark runs
     from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
@@ -310,7 +311,7 @@ class InputsReader(DataSourceStreamReader):
                 yield from _bundled(self.plan.computation, self.plan.labels, feed, partition.plan)
         if partition.heartbeat:
             yield _batch([(label, None, None) for label in self.plan.labels.labels], partition.plan)
-        WORKER_GARBAGE.settle()  # the daemon's collection after the task then skips the worker's modules
+        WORKER_GARBAGE.settle()  # at every task's end (spark/worker_garbage.py)
 
     def _injector_items(self, sender: Sender, input_plan: InputPlan,
                         partition: _Partition) -> Iterator[DeliveryItem | Produced]:

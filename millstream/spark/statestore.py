@@ -182,7 +182,7 @@ _CACHES: "OrderedDict[tuple[str, int], _Cache]" = OrderedDict()
 
 # -- caches of stopped queries ------------------------------------------------------------------
 # A stopped query's caches would stay in the worker processes until evicted by size, and each full
-# collection there (WorkerGarbage) would still visit them: a driver that runs query after query
+# collection there (spark/worker_garbage.py) would still visit them: a driver that runs query after query
 # (a notebook, a test suite, the benchmarks) made its workers slower run after run
 # (docs/performance.md, eleventh session). So the driver notes the namespaces (one per operator:
 # `<checkpoint>#<computation>`) of the queries it stops, every query it starts afterwards carries

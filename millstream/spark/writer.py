@@ -20,13 +20,14 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyspark.sql.pandas.types import from_arrow_schema
 
-from millstream.core.garbage import WORKER_GARBAGE, bulk_work
-from millstream.core.production import Produced
+from millstream.core.garbage import bulk_work
+from millstream.core.production import OUTPUT_ORDER, Produced
 from millstream.model.codecs import Codec
 from millstream.spark.bundles import unpack, unpack_production_columns
 from millstream.spark.operator import METRICS
 from millstream.spark.source import LOG_SCHEMA
 from millstream.spark.storage import Storage
+from millstream.spark.worker_garbage import WORKER_GARBAGE
 
 _ARROW_SCHEMA = pa.schema([
     ("files", pa.list_(pa.struct([("stream", pa.string()), ("path", pa.string()), ("rows", pa.int64())]))),
@@ -67,7 +68,7 @@ class BatchWriter:
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         with bulk_work():  # the whole batch's productions at once (core/garbage.py)
             written = self._write(batches)
-        WORKER_GARBAGE.settle()  # the daemon's collection after the task then skips the worker's modules
+        WORKER_GARBAGE.settle()  # at every task's end (spark/worker_garbage.py)
         yield written
 
     def _write(self, batches: Iterator[pa.RecordBatch]) -> pa.RecordBatch:
@@ -79,7 +80,7 @@ class BatchWriter:
         reports: list[dict[str, Any]] = []
         for record_batch in batches:
             for row in record_batch.to_pylist():
-                for column, part in zip(columns, unpack_production_columns(row["productions"])):
+                for column, part in zip(columns, unpack_production_columns(row["productions"]), strict=True):
                     column.extend(part)
                 reports.append(_report(row))
                 reports.extend(unpack(row["upstream_reports"]))  # fused weak computations' counters
@@ -102,8 +103,9 @@ class BatchWriter:
                                           schema=_ARROW_SCHEMA)
 
 
-# A producer's output in the order its consumers take it: (segment, order), order split as the log stores it.
-_OUTPUT_ORDER = [("segment", "ascending"), ("order_key", "ascending"), ("order_seq", "ascending")]
+# production.OUTPUT_ORDER over a log table's columns, where `order` is stored as (order_key, order_seq).
+_LOG_ORDER = [(column, "ascending") for field in OUTPUT_ORDER
+              for column in (("order_key", "order_seq") if field == "order" else (field,))]
 
 
 def log_tables(columns: Sequence[Sequence[Any]]) -> dict[str, pa.Table]:
@@ -116,22 +118,23 @@ def log_tables(columns: Sequence[Sequence[Any]]) -> dict[str, pa.Table]:
     >>> sorted(tables), tables["s"].column("id").to_pylist(), tables["t"].column("order_seq").to_pylist()
     (['s', 't'], ['i3', 'i0', 'i2'], [7])
     """
-    streams, keys, values, timestamps, ids, segments, orders = columns
+    field = dict(zip(Produced._fields, columns, strict=True))
+    orders = field["order"]
     table = pa.table({
-        "key": keys,
-        "value": values,
-        "timestamp": timestamps,
-        "id": ids,
-        "segment": segments,
+        "key": field["key"],
+        "value": field["value"],
+        "timestamp": field["timestamp"],
+        "id": field["id"],
+        "segment": field["segment"],
         "order_key": [order >> 32 for order in orders],
         "order_seq": [order & 0xFFFFFFFF for order in orders],
     }, schema=LOG_SCHEMA)
-    kinds = set(streams)
-    if len(kinds) <= 1:
-        return {stream: table.sort_by(_OUTPUT_ORDER) for stream in kinds}
-    in_order = pc.sort_indices(table, sort_keys=_OUTPUT_ORDER)
-    table, stream_column = table.take(in_order), pa.array(streams, pa.string()).take(in_order)
-    return {stream: table.filter(pc.equal(stream_column, stream)) for stream in kinds}
+    names = set(field["stream"])
+    if len(names) <= 1:
+        return {name: table.sort_by(_LOG_ORDER) for name in names}
+    in_order = pc.sort_indices(table, sort_keys=_LOG_ORDER)  # a stable sort: ties keep their order
+    table, streams = table.take(in_order), pa.array(field["stream"], pa.string()).take(in_order)
+    return {name: table.filter(pc.equal(streams, name)) for name in names}
 
 
 def _report(row: Mapping[str, Any]) -> dict[str, Any]:
