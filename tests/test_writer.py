@@ -16,13 +16,15 @@ from millstream.spark.writer import BatchWriter
 
 
 def operator_rows(productions: list[Produced], groups: int, per_bundle: int) -> pa.RecordBatch:
-    """The operator's output for these productions: each group's share in bundles, counters on rows."""
+    """The operator's output for these productions, as operator.output_rows gives it: each group's share
+    in bundles, counters on rows (a group without productions: one row without a bundle)."""
     rows = []
     for group in range(groups):
         share = productions[group::groups]
-        for start in range(0, len(share), per_bundle):
+        for start in range(0, max(len(share), 1), per_bundle):
+            chunk = share[start:start + per_bundle]
             counters = {("productions_count" if m == "productions" else m): 1 for m in METRICS}
-            rows.append({"key_group": group, "productions": pack_production_columns(share[start:start + per_bundle]),
+            rows.append({"key_group": group, "productions": pack_production_columns(chunk) if chunk else None,
                          "computation": "win", **counters, "wake_wall": None, "bytes_written": 0,
                          "upstream_reports": None})
     return pa.RecordBatch.from_pylist(rows)
@@ -45,13 +47,14 @@ def test_each_stream_gets_one_file_in_segment_then_order_order_and_collections_w
 
     monkeypatch.setattr(Storage, "write_parquet", noting_the_collector)
     before = gc.get_threshold()
-    out = list(BatchWriter(str(tmp_path), "win", 7, "attempt", ())(iter([operator_rows(productions, 5, 100)])))
+    out = list(BatchWriter(str(tmp_path), "win", 7, "attempt", ())(iter([operator_rows(productions, 5, 100),
+                                                                      operator_rows([], 2, 100)])))
 
     assert gc.get_threshold() == before
     assert thresholds and all(t[0] >= BULK_THRESHOLD[0] for t in thresholds)
     [summary] = out[0].to_pylist()
     assert sorted(f["stream"] for f in summary["files"]) == ["alerts", "windows"]
-    assert len(summary["reports"]) == len(operator_rows(productions, 5, 100))
+    assert len(summary["reports"]) == len(operator_rows(productions, 5, 100)) + 2
     for written in summary["files"]:
         table = pq.read_table(written["path"]).to_pylist()
         expected = sorted((p for p in productions if p.stream == written["stream"]),

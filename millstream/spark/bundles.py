@@ -61,7 +61,7 @@ def unpack_productions(bundle: bytes | None) -> list[Produced]:
 def pack_production_columns(rows: Sequence[ProductionRow]) -> bytes:
     """A step's rows of productions as one bundle of columns, Produced's fields in order: the writer
     extends its own lists with them and sorts in Arrow, with no Produced built per production."""
-    return flatpickle.dumps(list(zip(*rows)))
+    return flatpickle.dumps(list(zip(*rows)) if rows else [()] * len(Produced._fields))
 
 
 def unpack_production_columns(bundle: bytes | None) -> list[tuple[Any, ...]]:
@@ -70,5 +70,7 @@ def unpack_production_columns(bundle: bytes | None) -> list[tuple[Any, ...]]:
     >>> rows = [("s", "k", b"v", 1, "id1", 0, 5), ("s", "k", b"w", 2, "id2", 0, 6)]
     >>> unpack_production_columns(pack_production_columns(rows))[1:3], unpack_production_columns(None)
     ([('k', 'k'), (b'v', b'w')], [])
+    >>> len(unpack_production_columns(pack_production_columns([])))  # no rows: still every column
+    7
     """
     return pickle.loads(bundle) if bundle else []

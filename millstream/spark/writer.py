@@ -80,8 +80,10 @@ class BatchWriter:
         reports: list[dict[str, Any]] = []
         for record_batch in batches:
             for row in record_batch.to_pylist():
-                for column, part in zip(columns, unpack_production_columns(row["productions"]), strict=True):
-                    column.extend(part)
+                bundle = row["productions"]
+                if bundle:  # none on a key group's row that produced nothing
+                    for column, part in zip(columns, unpack_production_columns(bundle), strict=True):
+                        column.extend(part)
                 reports.append(_report(row))
                 reports.extend(unpack(row["upstream_reports"]))  # fused weak computations' counters
         by_stream = log_tables(columns)
