@@ -24,8 +24,8 @@ class WorkerGarbage:
     session). So every kind of millstream task ends with `settle()`: the operator after each key
     group's step, the source's read and the batch writer at their end. It moves what is alive into
     the permanent generation (`gc.freeze`, O(1)), which collections skip; frozen objects are still
-    freed by reference counting, as the caches' tuples and bytes are. Only cyclic garbage that was frozen
-    waits for a real full collection, run again once the worker has spent `spacing` times the
+    freed by reference counting, as the caches' tuples and bytes are. Only cyclic garbage that was
+    frozen waits for a real full collection, run again once the worker has spent `spacing` times the
     collection's own CPU time, and at least `min_gap_s`, on other work: `clock` is the process's CPU
     time, so a full collection takes at most ~1/spacing of the worker's work however large the
     state, and a worker waiting for its next batch does not bring the next collection closer.
