@@ -4,8 +4,8 @@ the in-memory key store, through the operator's own `step_bundles` and so with i
 handling), next to a plain-CPython Windower with a timer heap written for this
 workload alone: the interpreter's own speed, what the core's overhead is measured against.
 
-Batches are the Spark runner's default cap (DEFAULT_MAX_RECORDS_PER_BATCH), so the core steps what
-the end-to-end job's operator steps: at 1e4 keys and 200k-record batches a key group's step holds ~20
+Batches are the size the Spark runner's batch pacing starts at (spark/pacing.py: FIRST_BATCH_RECORDS),
+so the core steps what the end-to-end job's operator steps at least: at 1e4 keys and 200k-record batches a key group's step holds ~20
 records per key. The work paid once per key and step (loading and storing the key's state) weighs
 more in smaller batches: a fourth run, interleaved too, takes 50k-record batches (~5 records per key
 per step; the figure earlier measurements reported).
@@ -43,7 +43,7 @@ from millstream.model.codecs import DEFAULT_CODEC
 from millstream.model.records import END_OF_TIME
 from millstream.spark.bundles import pack, pack_production_columns, unpack_production_columns
 from millstream.spark.operator import step_bundles
-from millstream.spark.source import DEFAULT_MAX_RECORDS_PER_BATCH
+from millstream.spark.pacing import FIRST_BATCH_RECORDS
 
 KEY_GROUPS = 32
 SMALL_BATCH = 50_000
@@ -137,7 +137,7 @@ def profile(keys: int, total: int, batch: int) -> str:
 
 
 def main(quick: bool) -> dict:
-    keys, total, batch = 10_000, (400_000 if quick else 1_000_000), DEFAULT_MAX_RECORDS_PER_BATCH
+    keys, total, batch = 10_000, (400_000 if quick else 1_000_000), FIRST_BATCH_RECORDS
     repeats = 2 if quick else 3
     run_core(keys, 50_000, batch)  # warm-up
     if os.environ.get("PROFILE"):

@@ -1,7 +1,9 @@
 """Throughput: the Windower (1-second buckets, low-watermark timers, exactly-once on) through
 millstream's SparkRunner and as hand-written PySpark (bench/baseline.py: row-based transformWithState
 per user key), one after the other in one local[2] session, on the same partitioned input (2
-partitions: both tasks read) with the same micro-batches.
+partitions: both tasks read). millstream runs at SparkRunner's defaults: its batches are paced
+(spark/pacing.py: they start at 200,000 records and grow while they take less than the target time);
+the hand-written job reads fixed batches of BASELINE_RECORDS_PER_BATCH, the size millstream starts at.
 
 End-to-end rate = records / (last output committed - first record read). First record read: the
 wall time the injector first hands out a record (noted by the injector, in whichever process reads
@@ -24,7 +26,7 @@ import time
 from typing import Any
 
 from bench import baseline
-from millstream.spark.source import DEFAULT_MAX_RECORDS_PER_BATCH
+from millstream.spark.pacing import FIRST_BATCH_RECORDS
 from bench.common import (
     FirstRead,
     KeyedInjector,
@@ -41,7 +43,7 @@ from bench.common import (
 )
 
 TRIGGER_MS = 200  # SparkRunner's default
-MAX_RECORDS_PER_BATCH = DEFAULT_MAX_RECORDS_PER_BATCH  # SparkRunner's default
+BASELINE_RECORDS_PER_BATCH = FIRST_BATCH_RECORDS
 PARTITIONS = 2
 WARMUP_TOLERANCE = 0.05
 MAX_WARMUP_RUNS = 4
@@ -56,9 +58,9 @@ def run_millstream(spark: Any, with_progress: bool, keys: int, total: int, timeo
     name = f"tp{keys}{tag}"
     root = fresh_dir(f"throughput-ms-{keys}{tag}")
     first_read = os.path.join(root, "first-read")
-    max_records = runner_args.setdefault("max_records_per_batch", MAX_RECORDS_PER_BATCH)
     runner_args.setdefault("trigger_ms", TRIGGER_MS)
-    injector = KeyedInjector(keys, total, PARTITIONS, max_records_per_read=max_records, first_read=first_read)
+    # The injector caps no read of its own: batch sizes are the runner's (paced, or a fixed cap given).
+    injector = KeyedInjector(keys, total, PARTITIONS, max_records_per_read=total, first_read=first_read)
     runner = SparkRunner(windower_pipeline(name, injector), root=os.path.join(root, "root"), spark=spark,
                          **runner_args)
     started = time.time()
@@ -95,11 +97,11 @@ def run_millstream(spark: Any, with_progress: bool, keys: int, total: int, timeo
 def run_baseline(spark: Any, keys: int, total: int, expected_rows: int, timeout: float, tag: str = "") -> dict:
     root = fresh_dir(f"throughput-base-{keys}{tag}")
     first_read = os.path.join(root, "first-read")
-    injector = KeyedInjector(keys, total, PARTITIONS, max_records_per_read=MAX_RECORDS_PER_BATCH,
+    injector = KeyedInjector(keys, total, PARTITIONS, max_records_per_read=BASELINE_RECORDS_PER_BATCH,
                              first_read=first_read)
     name = f"baseline{keys}{tag}"
     started = time.time()
-    query = baseline.start_baseline(spark, injector, MAX_RECORDS_PER_BATCH, root, TRIGGER_MS, name=name)
+    query = baseline.start_baseline(spark, injector, BASELINE_RECORDS_PER_BATCH, root, TRIGGER_MS, name=name)
     rows = baseline.OutputCounter(root)
     try:
         while rows() < expected_rows:
@@ -166,7 +168,7 @@ def main(quick: bool) -> dict:
     print(f"[throughput] keys={keys} records={total} millstream={ms['records_per_s']} rec/s "
           f"hand-written={base['records_per_s']} rec/s ratio={row['ratio']} identical={row['identical_output']}",
           flush=True)
-    return {"events_per_second": 10_000, "trigger_ms": TRIGGER_MS, "max_records_per_batch": MAX_RECORDS_PER_BATCH,
+    return {"events_per_second": 10_000, "trigger_ms": TRIGGER_MS, "baseline_records_per_batch": BASELINE_RECORDS_PER_BATCH,
             "result": row}
 
 

@@ -1,21 +1,21 @@
 """Tunables: Windower throughput through millstream at 1e4 keys (the throughput benchmark's job) as
-SparkRunner settings vary one at a time: key_groups, parallelism, max_records_per_batch. One local[2]
+SparkRunner settings vary one at a time: key_groups, parallelism, fixed batch caps against batch pacing
+(max_records_per_batch; None is the default, pacing). One local[2]
 session, a warm-up run first; output checked against the exact answer in every run."""
 
 from __future__ import annotations
 
 from bench.common import cli, expected_windows, spark_session
 from bench.throughput import run_millstream
-from millstream.spark.source import DEFAULT_MAX_RECORDS_PER_BATCH
 
 
 def main(quick: bool) -> dict:
     keys, total = 10_000, (60_000 if quick else 300_000)
-    defaults = {"key_groups": 32, "parallelism": 2, "max_records_per_batch": DEFAULT_MAX_RECORDS_PER_BATCH}
+    defaults = {"key_groups": 32, "parallelism": 2, "max_records_per_batch": None}
     settings = [defaults,
                 {**defaults, "key_groups": 8}, {**defaults, "key_groups": 128},
                 {**defaults, "parallelism": 1}, {**defaults, "parallelism": 8},
-                {**defaults, "max_records_per_batch": 100_000}, {**defaults, "max_records_per_batch": 400_000}]
+                {**defaults, "max_records_per_batch": 200_000}, {**defaults, "max_records_per_batch": 400_000}]
     if quick:
         settings = settings[:2]
     spark = spark_session(log_name="tune")

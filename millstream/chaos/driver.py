@@ -19,12 +19,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--lottery-exactly-once-off", action="store_true")
     args = parser.parse_args(argv)
-    from millstream.spark.runner import SparkRunner
+    from millstream.spark.runner import BatchPacing, SparkRunner
 
     spec = ChaosSpec(events=args.events, accounts=args.accounts, seed=args.seed, records_per_second=args.rate)
     pipeline = build_pipeline(spec, os.path.join(args.root, "sinks"), not args.lottery_exactly_once_off)
-    runner = SparkRunner(pipeline, root=os.path.join(args.root, "run"),
-                         master=args.master, max_records_per_batch=2_000)
+    # Small paced batches: many batches to kill between, and after a restart the backlog fills them,
+    # so the caps a crash interrupts vary (spark/pacing.py).
+    runner = SparkRunner(pipeline, root=os.path.join(args.root, "run"), master=args.master,
+                         batch_pacing=BatchPacing(target_ms=1_000, first=2_000, floor=500, ceiling=8_000))
     runner.run(timeout=3_600, wall_timer_drain_s=10)
     return 0
 

@@ -39,6 +39,7 @@ from millstream.model.records import BEGINNING_OF_TIME
 from millstream.spark import faults
 from millstream.spark.fencing import Lease
 from millstream.spark.operator import METRICS
+from millstream.spark.pacing import LastBatch
 from millstream.spark.publog import BATCH, FencedWriter
 from millstream.spark.rootfiles import latest_status, status_history, wake_file
 from millstream.spark.source import batch_segments
@@ -160,6 +161,7 @@ class BatchStager:
         self.storage = Storage(root)
 
     def __call__(self, frame: Any, batch_id: int) -> None:
+        started = time.monotonic()
         self.lease.check()  # a driver that was taken over runs nothing more
         commit = self.commit
         plan = commit.plan
@@ -197,7 +199,12 @@ class BatchStager:
             commit.statuses[batch_id] = statuses
             for old in [b for b in commit.statuses if b < batch_id - 2]:
                 del commit.statuses[old]
-        self.storage.write_json(wake_file(plan.name), {"batch": batch_id, "next_wall_timer": status["next_wall_timer"]})
+        # For the source's next batch: the wall timer to tick for, and this batch's speed (pacing.py).
+        reader = (*commit.fused, plan)[0]  # the computation that read the batch's input
+        ran = LastBatch(records=sum(r.get("records") or 0 for r in reports if r["computation"] == reader.name),
+                        run_ms=int((time.monotonic() - started) * 1000))
+        self.storage.write_json(wake_file(plan.name), {"batch": batch_id, "next_wall_timer": status["next_wall_timer"],
+                                                       "last_batch": ran.to_json()})
         if not plan.exactly_once:
             self.publisher.publish(plan.name, batch_id, manifest)
         faults.reached("staged", plan.name)

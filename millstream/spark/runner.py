@@ -44,11 +44,12 @@ from millstream.spark.retention import DEFAULT_RETAIN_LOGS_S, LogRetention
 from millstream.spark.rootfiles import LAYOUT_FILE, read_status_history, wake_file
 from millstream.spark.sinks import SinkDelivery, sink_deliverers
 from millstream.spark.session import cluster_parallelism
-from millstream.spark.source import DEFAULT_MAX_RECORDS_PER_BATCH, LOG_SCHEMA, Sender, SourcePlan, source_for
+from millstream.spark.pacing import BatchPacing
+from millstream.spark.source import LOG_SCHEMA, Sender, SourcePlan, source_for
 from millstream.spark.storage import Storage, check_no_credentials, is_local
 from millstream.spark.writer import FileSink
 
-__all__ = ["ComputationProgress", "MillstreamRunError", "PipelineProgress", "RootInUse", "SparkRunner", "read_progress"]
+__all__ = ["BatchPacing", "ComputationProgress", "MillstreamRunError", "PipelineProgress", "RootInUse", "SparkRunner", "read_progress"]
 
 # A take-over's claim retries while the driver it takes over publishes its last batches (see _claim).
 TAKEOVER_ATTEMPTS = 20
@@ -74,6 +75,11 @@ class SparkRunner:
 
     `retain_logs_s`: published batches every reader (consumers, sinks) is past are deleted once older
     than this (retention.py has the whole policy); None keeps everything.
+
+    While input waits (a backlog, a catch-up), each batch reads about what its computation processes
+    in `batch_pacing.target_ms` (3 s), measured on the batches before (pacing.py); give
+    `batch_pacing=BatchPacing(target_ms=...)` to aim elsewhere, or `max_records_per_batch` to read at
+    most that many records per batch instead, always.
     """
 
     def __init__(
@@ -84,7 +90,8 @@ class SparkRunner:
         key_groups: int = DEFAULT_KEY_GROUPS,
         parallelism: int | None = None,
         trigger_ms: int = 200,
-        max_records_per_batch: int = DEFAULT_MAX_RECORDS_PER_BATCH,
+        max_records_per_batch: int | None = None,
+        batch_pacing: BatchPacing = BatchPacing(),
         spark_conf: Mapping[str, str] | None = None,
         spark: Any = None,
         checkpoint_root: str | None = None,
@@ -103,6 +110,8 @@ class SparkRunner:
             raise ValueError("key_groups must be >= 1")
         if parallelism is not None and parallelism < 1:
             raise ValueError("parallelism must be >= 1")
+        if max_records_per_batch is not None and max_records_per_batch < 1:
+            raise ValueError("max_records_per_batch must be >= 1 (or None for batch pacing)")
         if retain_logs_s is not None and retain_logs_s < 0:
             raise ValueError("retain_logs_s must be >= 0 (or None to keep every log)")
         self.pipeline = pipeline
@@ -128,7 +137,7 @@ class SparkRunner:
             tempfile.gettempdir(), "millstream-logs", re.sub(r"[^\w.-]", "_", pipeline.name))
         self.master = master
         self.trigger_ms = trigger_ms
-        self.max_records_per_batch = max_records_per_batch
+        self.batch_cap: int | BatchPacing = max_records_per_batch or batch_pacing
         self.takeover = takeover
         self._spark_conf = dict(spark_conf or {})
         self._spark = spark
@@ -442,7 +451,7 @@ class SparkRunner:
         labels = self.group_labels
         assert labels is not None, "queries start after start() chose the key groups' labels"
         source_plan = SourcePlan(first, self.root, tuple(senders), wake_file(name), labels,
-                                 max_records_per_batch=self.max_records_per_batch,
+                                 batch_cap=self.batch_cap,
                                  start_positions=self._start_positions.get(name, {}))
         # The plan travels inside the registered class; options (printed in query plans) carry no plan.
         source = source_for(source_plan)

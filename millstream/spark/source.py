@@ -40,6 +40,7 @@ from millstream.model.pipeline import ErrorPolicy
 from millstream.model.records import BEGINNING_OF_TIME, Record
 from millstream.spark.bundles import BUNDLE_RECORDS, DeliveryItem, pack, pack_productions
 from millstream.spark.errors import report_failure
+from millstream.spark.pacing import BatchPacing, LastBatch
 from millstream.spark.partitioning import GroupLabels
 from millstream.spark.publog import BATCH, PublicationLog
 from millstream.spark.rootfiles import latest_status
@@ -78,10 +79,6 @@ class Sender:
     downstream: tuple[str, ...] = ()  # computations downstream of the injector, for the skew limit
 
 
-# The most records a batch reads from injectors (split evenly over their partitions). It binds only
-# when input waits (a backlog): larger batches spread Spark's fixed cost per batch over more records
-# (docs/performance.md, "batch size"), smaller ones keep each batch's memory and duration down.
-DEFAULT_MAX_RECORDS_PER_BATCH = 200_000
 
 
 @dataclass(frozen=True)
@@ -91,7 +88,9 @@ class SourcePlan:
     senders: tuple[Sender, ...]
     wake_file: str  # where the computation's next wall-time timer is noted (wall ticks)
     labels: GroupLabels  # each key group's value in the grouping column (partitioning.py)
-    max_records_per_batch: int = DEFAULT_MAX_RECORDS_PER_BATCH
+    # The records a batch reads from injectors at most (split evenly over their partitions): a fixed
+    # cap, or batch pacing's (pacing.py), which follows the speed of the batches before.
+    batch_cap: int | BatchPacing = field(default_factory=BatchPacing)
     max_log_entries: int = 64
     max_points: int = 512
     # Where senders start (a computation added to a running pipeline "from now"): log position or
@@ -188,14 +187,17 @@ def initial_offset(plan: SourcePlan) -> dict[str, Any]:
 
 
 def plan_next_batch(plan: SourcePlan, start: dict[str, Any], wall_timer_due: bool,
-                    now_ms: int | None = None) -> dict[str, Any]:
-    """The end offset of the next batch (`start` itself when there is nothing to do)."""
+                    now_ms: int | None = None, last: LastBatch | None = None) -> dict[str, Any]:
+    """The end offset of the next batch (`start` itself when there is nothing to do). `last`: what
+    the stager measured of the batch before (batch pacing)."""
     coalescer = _restore_coalescer(plan, start)
     now = now_ms if now_ms is not None else int(time.time() * 1000)
     senders = dict(start["senders"])
     points: list[dict[str, Any]] = []
     injector_partitions = sum(1 for s in plan.senders if s.injector is not None) or 1
-    cap = max(1, plan.max_records_per_batch // injector_partitions)
+    batch_cap = plan.batch_cap
+    records_cap = batch_cap if isinstance(batch_cap, int) else batch_cap.next_cap(start.get("cap"), last)
+    cap = max(1, records_cap // injector_partitions)
     published: dict[str, int] = {}  # downstream computations' published low watermarks, read once
 
     def downstream_watermarks(names: tuple[str, ...]) -> list[int]:
@@ -249,7 +251,7 @@ def plan_next_batch(plan: SourcePlan, start: dict[str, Any], wall_timer_due: boo
         points.append(_point(coalescer.hold(), None))
     return {"senders": senders, "watermark": coalescer.coalesced, "wall": max(now, start["wall"]), "tick": tick,
             "points": points, "inputs": coalescer.group_marks(), "idle": coalescer.idle(),
-            "keyed": coalescer.keyed_watermarks()}
+            "keyed": coalescer.keyed_watermarks(), "cap": records_cap}
 
 
 class InputsReader(DataSourceStreamReader):
@@ -263,11 +265,10 @@ class InputsReader(DataSourceStreamReader):
 
     def latestOffset(self, start: dict | None = None, limit: Any = None) -> dict:
         start = start or self.initialOffset()
-        return plan_next_batch(self.plan, start, self._wall_timer_due())
-
-    def _wall_timer_due(self) -> bool:
-        due = (Storage(self.plan.root).read_json(self.plan.wake_file) or {}).get("next_wall_timer")
-        return due is not None and due <= time.time() * 1000
+        wake = Storage(self.plan.root).read_json(self.plan.wake_file) or {}  # the stager's notes (commit.py)
+        due = wake.get("next_wall_timer")
+        return plan_next_batch(self.plan, start, due is not None and due <= time.time() * 1000,
+                               last=LastBatch.from_json(wake.get("last_batch")))
 
     def partitions(self, start: dict, end: dict) -> Sequence[_Partition]:
         batch = BatchPlan.of_offset(end).dumps()
