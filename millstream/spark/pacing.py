@@ -1,9 +1,9 @@
 """Batch pacing: how many injector records the next batch may read while input waits.
 
 Every batch costs Spark a fixed time besides its records (planning, scheduling two stages, the
-offset and commit logs, the stager): about a tenth of a second on a laptop, whatever the batch
-holds. A fixed record cap spreads that cost well on one machine and badly on a faster one, where the
-same records take less time and the fixed part weighs more (docs/performance.md, "batch pacing"). So
+offset and commit logs, the stager), whatever the batch holds. A fixed record cap spreads that cost
+well on one machine and badly on a faster one, where the same records take less time and the fixed
+part weighs more (docs/performance.md, "batch pacing"). So
 the cap follows the speed: the stager notes each batch's records and how long it ran (in the
 computation's wake file), and the source sizes the next batch to take about `target_ms`.
 

@@ -37,6 +37,7 @@ from millstream.spark.feeds import Feeds
 from millstream.spark.fencing import Lease, RootInUse, driver_info
 from millstream.spark.layout import RootLayout
 from millstream.spark.operator import FUSED_SCHEMA, OUTPUT_SCHEMA, FusedProducerProcessor, KeyGroupProcessor
+from millstream.spark.pacing import BatchPacing
 from millstream.spark.partitioning import GroupLabels, alignment
 from millstream.spark.progress import ComputationProgress, PipelineProgress, read_progress
 from millstream.spark.publog import BATCH, CLAIM, Fenced, FencedWriter, PublicationLog
@@ -44,12 +45,12 @@ from millstream.spark.retention import DEFAULT_RETAIN_LOGS_S, LogRetention
 from millstream.spark.rootfiles import LAYOUT_FILE, read_status_history, wake_file
 from millstream.spark.sinks import SinkDelivery, sink_deliverers
 from millstream.spark.session import cluster_parallelism
-from millstream.spark.pacing import BatchPacing
 from millstream.spark.source import LOG_SCHEMA, Sender, SourcePlan, source_for
 from millstream.spark.storage import Storage, check_no_credentials, is_local
 from millstream.spark.writer import FileSink
 
-__all__ = ["BatchPacing", "ComputationProgress", "MillstreamRunError", "PipelineProgress", "RootInUse", "SparkRunner", "read_progress"]
+__all__ = ["BatchPacing", "ComputationProgress", "MillstreamRunError", "PipelineProgress", "RootInUse", "SparkRunner",
+           "read_progress"]
 
 # A take-over's claim retries while the driver it takes over publishes its last batches (see _claim).
 TAKEOVER_ATTEMPTS = 20

@@ -79,8 +79,6 @@ class Sender:
     downstream: tuple[str, ...] = ()  # computations downstream of the injector, for the skew limit
 
 
-
-
 @dataclass(frozen=True)
 class SourcePlan:
     computation: ComputationPlan
