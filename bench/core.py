@@ -5,10 +5,10 @@ handling), next to a plain-CPython Windower with a timer heap written for this
 workload alone: the interpreter's own speed, what the core's overhead is measured against.
 
 Batches are the size the Spark runner's batch pacing starts at (spark/pacing.py:
-FIRST_BATCH_RECORDS), the smallest the end-to-end job's operator steps: at 1e4 keys and 200k-record
-batches a key group's step holds ~20 records per key. The work paid once per key and step (loading and storing the key's state) weighs
-more in smaller batches: a fourth run, interleaved too, takes 50k-record batches (~5 records per key
-per step; the figure earlier measurements reported).
+FIRST_BATCH_RECORDS), the end-to-end job's first batches: at 1e4 keys and 200k-record batches a key
+group's step holds ~20 records per key. The work paid once per key and step (loading and storing the
+key's state) weighs more in smaller batches: a fourth run, interleaved too, takes 50k-record batches
+(~5 records per key per step; the figure earlier measurements reported).
 
 A third run, interleaved with them, gives the same workload to the core through the per-key batch
 hook (bench.common.BatchWindower: `process_records` instead of `process_record`): what a user who

@@ -23,10 +23,10 @@ def main(argv: list[str] | None = None) -> int:
 
     spec = ChaosSpec(events=args.events, accounts=args.accounts, seed=args.seed, records_per_second=args.rate)
     pipeline = build_pipeline(spec, os.path.join(args.root, "sinks"), not args.lottery_exactly_once_off)
-    # Small paced batches: many batches to kill between, and after a restart the backlog fills them,
-    # so the caps a crash interrupts vary (spark/pacing.py).
+    # Small paced batches: many batches to kill between. The input is paced, so only the backlog a
+    # restart finds fills them: the batches after each kill are the ones pacing resizes (pacing.py).
     runner = SparkRunner(pipeline, root=os.path.join(args.root, "run"), master=args.master,
-                         batch_pacing=BatchPacing(target_ms=1_000, first=2_000, floor=500, ceiling=8_000))
+                         batch_pacing=BatchPacing(target_ms=1_000, first=200, floor=50, ceiling=2_000))
     runner.run(timeout=3_600, wall_timer_drain_s=10)
     return 0
 
