@@ -3,18 +3,18 @@
 Every batch costs Spark a fixed time besides its records (planning, scheduling two stages, the
 offset and commit logs, the stager), whatever the batch holds. A fixed record cap spreads that cost
 well on one machine and badly on a faster one, where the same records take less time and the fixed
-part weighs more (docs/performance.md, "batch pacing"). So
-the cap follows the speed: the stager notes each batch's records and how long it ran (in the
-computation's wake file), and the source sizes the next batch to take about `target_ms`.
+part weighs more (docs/performance.md, "batch pacing"). So the cap follows the speed: the stager
+notes each batch's records and how long it ran (in the computation's wake file), and the source sizes
+the next batch to take about `target_ms`.
 
 The rule, with the last batch's `records` and run time `run_ms` and the cap it was planned with:
 
-- no batch measured yet (a new root, or a root of an older version): `first`;
-- the last batch read fewer than half its cap: input did not wait, so its time says little about
-  what a full batch costs: the cap stays;
-- otherwise `records * target_ms / run_ms`, at most twice the last cap (a batch's time grows with
-  its size, so the estimate is approached in steps), and at any size below (a slow batch shrinks the
-  next one at once);
+- no cap yet (a new root, or offsets of an older version): `first`;
+- nothing noted, or the last batch read fewer than half its cap (input did not wait, so its time
+  says little about what a full batch costs): the cap stays;
+- otherwise `records * target_ms / run_ms`, at most twice the last cap (a record may cost more in
+  a larger batch, through memory and the state it touches: batches grow a step at a time), and at
+  any size below (a slow batch shrinks the next one at once);
 - always within [`floor`, `ceiling`].
 
 The cap only binds while input waits (a backlog, a catch-up): a pipeline keeping up reads what
@@ -25,7 +25,7 @@ crash reads exactly the records it read the first time.
 >>> pacing = BatchPacing(target_ms=3000, first=200_000)
 >>> pacing.next_cap(None, None)  # nothing measured yet
 200000
->>> pacing.next_cap(200_000, LastBatch(records=200_000, run_ms=1_000))  # 3x the estimate: 2x at most
+>>> pacing.next_cap(200_000, LastBatch(records=200_000, run_ms=1_000))  # 600,000 in 3 s: 2x at most
 400000
 >>> pacing.next_cap(400_000, LastBatch(records=400_000, run_ms=2_500))  # 480,000 records in 3 s
 480000
