@@ -111,3 +111,14 @@ def test_the_reader_takes_the_last_batch_from_the_stagers_wake_file(tmp_path) ->
     Storage(str(tmp_path)).write_json("wake.json", {"batch": 0, "next_wall_timer": None,
                                                     "last_batch": {"records": 4_000, "run_ms": 800}})
     assert records_in(reader.latestOffset(first)) == 5_000  # 4,000 in 0.8 s: 5,000 in 1 s
+
+
+@pytest.mark.parametrize("args,error", [({"max_records_per_batch": 0}, ValueError), ({"batch_pacing": 3_000}, TypeError)])
+def test_the_runner_refuses_batch_settings_that_cannot_work(tmp_path, args: dict, error: type) -> None:
+    from millstream.spark.runner import SparkRunner
+
+    injector = GeneratorInjector(lambda i: Record("k", i, i, f"r{i}"), total=1, low_watermark=lambda n: n)
+    valid = (Pipeline("refused").add_injector("gen", injector, "events")
+             .add_computation("pass", PassThrough(), ["events"], ["out"]))
+    with pytest.raises(error, match="max_records_per_batch|BatchPacing"):
+        SparkRunner(valid, root=str(tmp_path / "root"), **args)

@@ -46,8 +46,8 @@ FIRST_BATCH_RECORDS = 200_000
 
 @dataclass(frozen=True)
 class LastBatch:
-    """What the stager measured of a computation's last batch: the records it delivered and the time
-    from the start of Spark's job to its outputs staged."""
+    """What the stager measured of a computation's last batch: the records it delivered, and the time
+    from the stager's call (which runs Spark's job) to its outputs staged."""
 
     records: int
     run_ms: int
@@ -82,7 +82,7 @@ class BatchPacing:
 
     def __post_init__(self) -> None:
         if self.target_ms < 1:
-            raise ValueError("batch_target_ms must be >= 1")
+            raise ValueError(f"batch pacing needs target_ms >= 1, got {self.target_ms}")
         if not 1 <= self.floor <= self.first <= self.ceiling:
             raise ValueError(f"batch pacing needs 1 <= floor <= first <= ceiling, got {self.floor}, {self.first}, "
                              f"{self.ceiling}")

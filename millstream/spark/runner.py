@@ -113,6 +113,9 @@ class SparkRunner:
             raise ValueError("parallelism must be >= 1")
         if max_records_per_batch is not None and max_records_per_batch < 1:
             raise ValueError("max_records_per_batch must be >= 1 (or None for batch pacing)")
+        if not isinstance(batch_pacing, BatchPacing):
+            raise TypeError(f"batch_pacing takes a BatchPacing, e.g. BatchPacing(target_ms=3_000), not "
+                            f"{batch_pacing!r}")
         if retain_logs_s is not None and retain_logs_s < 0:
             raise ValueError("retain_logs_s must be >= 0 (or None to keep every log)")
         self.pipeline = pipeline
