@@ -199,8 +199,9 @@ def table(results: dict[str, dict]) -> str:
         add("recovery", "exactly-once over the kills", str(rec["exactly_once_prefix"]), "True", rec["exactly_once_prefix"])
 
     for item in results.get("tune", {}).get("results", []):
+        cap = item["max_records_per_batch"]
         add("tune", f"key_groups={item['key_groups']} parallelism={item['parallelism']} "
-            f"max_records_per_batch={item['max_records_per_batch'] or 'paced'}", f"{_n(item['records_per_s'])} rec/s")
+            f"max_records_per_batch={f'{cap:,}' if cap else 'paced'}", f"{_n(item['records_per_s'])} rec/s")
 
     lines.append("")
     lines.append("elapsed: " + ", ".join(f"{name} {r.get('elapsed_s', '?')} s" for name, r in results.items()))

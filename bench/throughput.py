@@ -168,8 +168,8 @@ def main(quick: bool) -> dict:
     print(f"[throughput] keys={keys} records={total} millstream={ms['records_per_s']} rec/s "
           f"hand-written={base['records_per_s']} rec/s ratio={row['ratio']} identical={row['identical_output']}",
           flush=True)
-    return {"events_per_second": 10_000, "trigger_ms": TRIGGER_MS, "baseline_records_per_batch": BASELINE_RECORDS_PER_BATCH,
-            "result": row}
+    return {"events_per_second": 10_000, "trigger_ms": TRIGGER_MS,
+            "baseline_records_per_batch": BASELINE_RECORDS_PER_BATCH, "result": row}
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Tunables: Windower throughput through millstream at 1e4 keys (the throughput benchmark's job) as
-SparkRunner settings vary one at a time: key_groups, parallelism, fixed batch caps against batch pacing
-(max_records_per_batch; None is the default, pacing). One local[2]
-session, a warm-up run first; output checked against the exact answer in every run."""
+SparkRunner settings vary one at a time: key_groups, parallelism, and fixed batch caps against batch
+pacing (max_records_per_batch; None, the default, paces). One local[2] session, a warm-up run first;
+output checked against the exact answer in every run."""
 
 from __future__ import annotations
 

@@ -3,11 +3,9 @@ fast, each cap is in Spark's offset log, and every record is published exactly o
 
 from __future__ import annotations
 
-import json
-import os
-
 from millstream import GeneratorInjector, Pipeline, Record
 from millstream.model.computation import Computation
+from millstream.spark.commit import Checkpoint
 from millstream.spark.rescale import checkpoint_of
 from millstream.spark.runner import BatchPacing, SparkRunner
 from millstream.spark.storage import Storage
@@ -21,13 +19,10 @@ class PassThrough(Computation):
 
 
 def logged_batches(root: str, computation: str) -> list[dict]:
-    """Spark's offset log: each batch's end offset (the source's, on the file's last line)."""
-    offsets = os.path.join(checkpoint_of(root, computation), "offsets")
-    ends = []
-    for name in sorted((n for n in os.listdir(offsets) if n.isdigit()), key=int):
-        with open(os.path.join(offsets, name)) as f:
-            ends.append(json.loads(f.read().strip().splitlines()[-1]))
-    return ends
+    """Spark's offset log: each batch's end offset, as the commit protocol reads it."""
+    checkpoint = Checkpoint(checkpoint_of(root, computation))
+    ends = [checkpoint.end_offset(batch) for batch in range(checkpoint.last_committed() + 1)]
+    return [end for end in ends if end is not None]
 
 
 def test_batches_grow_while_fast_and_every_record_is_published_once(spark, tmp_path) -> None:
