@@ -32,7 +32,7 @@ def test_wake_up_heaps_stay_in_proportion_to_the_keys_and_find_what_a_scan_finds
             by_key = {"ship": watermark + rng.randrange(1, 100_000)} if rng.random() < 0.3 else {}
             changes[key] = StoredKey(b"x", lw, wall, tuple(by_key.items()))
             wakes[key] = (lw, wall, by_key)
-        store.save(changes, [], watermark, 0)
+        store.save(changes, {}, watermark, 0)
         watermark += 100
         keyed = {"ship": watermark}
         assert store.due(watermark, watermark, keyed) == plain_due(wakes, watermark, watermark, keyed)

@@ -17,6 +17,7 @@ import time
 
 import pytest
 
+from millstream.core.dedup import seen_of
 from millstream.core.store import StoredKey
 from millstream.spark import statestore
 from millstream.spark.statestore import Head, SparkKeyStore
@@ -86,7 +87,7 @@ HORIZON = 600_000
 
 def batch(spark: FakeSpark, changes: dict, seen=(), watermark: int = 0, commit: bool = True) -> SparkKeyStore:
     store = SparkKeyStore(spark, spark, "ns", 0)
-    store.save(dict(changes), list(seen), watermark, HORIZON)
+    store.save(dict(changes), seen_of(seen), watermark, HORIZON)
     spark.commit() if commit else spark.abort()
     return store
 
@@ -124,7 +125,7 @@ def test_a_worker_whose_cache_lags_catches_up_on_the_chunks_it_missed():
     store = SparkKeyStore(spark, spark, "ns", 0)
     assert spark.chunk_reads == 5  # just the five chunks it missed
     assert store.cache.keys.blobs == plain_state(spark)
-    assert store.cache.keys.blobs["k3"] == stored(2_003) and ("k3", "r3") in store.seen_ids()
+    assert store.cache.keys.blobs["k3"] == stored(2_003) and "r3" in store.seen_ids("k3")
 
 
 def test_a_cache_holding_an_attempt_spark_never_committed_is_rebuilt():
@@ -175,7 +176,7 @@ def test_state_written_by_the_first_head_format_loads_and_goes_on():
     spark.head = pickle.dumps(([(7, "t7"), (8, "t8")], 9, 200, 200, 0, 600_000))
     store = batch(spark, {"d": stored(4)})
     assert store.cache.keys.blobs == {"a": stored(1), "c": stored(3), "d": stored(4)}
-    assert ("a", "r1") in store.seen_ids()
+    assert "r1" in store.seen_ids("a")
     assert plain_state(spark) == store.cache.keys.blobs
 
 
@@ -184,7 +185,7 @@ def committed_seen(spark: FakeSpark) -> set[tuple[str, str]]:
     saved = dict(statestore._CACHES)
     statestore._CACHES.clear()
     try:
-        return set(SparkKeyStore(spark, spark, "ns", 0).seen_ids())
+        return {(key, rid) for key, rid, _ in SparkKeyStore(spark, spark, "ns", 0).cache.keys.dedup.entries()}
     finally:
         statestore._CACHES.clear()
         statestore._CACHES.update(saved)
@@ -202,7 +203,7 @@ def test_a_cache_reads_dedup_ids_as_expired_by_a_batch_another_worker_committed(
     assert ("k", "r1") not in committed_seen(spark)
     statestore._CACHES.clear()
     statestore._CACHES.update(mine)
-    assert ("k", "r1") not in SparkKeyStore(spark, spark, "ns", 0).seen_ids()
+    assert "r1" not in SparkKeyStore(spark, spark, "ns", 0).seen_ids("k")
 
 
 def test_an_expiry_spark_never_committed_is_done_again_and_committed():
@@ -226,15 +227,15 @@ def test_a_horizon_raised_on_a_restart_never_brings_back_ids_already_forgotten()
     under a larger horizon must not find again what every cache had already forgotten."""
     spark = FakeSpark()
     store = SparkKeyStore(spark, spark, "ns", 0)
-    store.save({"k": stored(1)}, [("k", "r1", 100)], 100, 1_000)
+    store.save({"k": stored(1)}, {"k": {"r1": 100}}, 100, 1_000)
     spark.commit()
     store = SparkKeyStore(spark, spark, "ns", 0)
-    store.save({"k": stored(2)}, [], 2_000, 1_000)  # r1 expires: 100 < 2,000 - 1,000
+    store.save({"k": stored(2)}, {}, 2_000, 1_000)  # r1 expires: 100 < 2,000 - 1,000
     spark.commit()
     store = SparkKeyStore(spark, spark, "ns", 0)
-    store.save({"k": stored(3)}, [], 2_010, 10_000)  # restarted with a 10 s horizon
+    store.save({"k": stored(3)}, {}, 2_010, 10_000)  # restarted with a 10 s horizon
     spark.commit()
-    assert ("k", "r1") not in store.seen_ids()
+    assert "r1" not in store.seen_ids("k")
     assert ("k", "r1") not in committed_seen(spark)
 
 
@@ -249,7 +250,7 @@ def test_a_key_group_with_nothing_to_do_reads_no_chunk_while_the_watermark_moves
     for watermark in range(10, 200, 10):
         batch(spark, {}, watermark=watermark)
     assert spark.chunk_reads == 0
-    assert ("k1", "r1") in SparkKeyStore(spark, spark, "ns", 0).seen_ids()
+    assert "r1" in SparkKeyStore(spark, spark, "ns", 0).seen_ids("k1")
 
 
 class _Handle:
@@ -300,3 +301,15 @@ def test_a_stopped_query_s_caches_leave_a_worker_when_a_later_query_starts_there
         statestore._CACHES.update(saved_caches)
         statestore._STOPPED.clear()
         statestore._STOPPED.update(saved_stopped)
+
+
+def test_chunks_holding_ids_as_triples_still_load():
+    """Chunks written before ids were kept per key hold them as a list of (key, id, mark): a worker
+    rebuilding from such a root knows them, and expires them on their marks."""
+    spark = FakeSpark()
+    batch(spark, {"k": stored(1)}, seen=[("k", "r1", 100), ("j", "r2", 5_000)], watermark=100)
+    keys, _, parent = pickle.loads(spark.chunks[0])
+    spark.chunks[0] = pickle.dumps((keys, [("k", "r1", 100), ("j", "r2", 5_000)], parent))
+    assert committed_seen(spark) == {("k", "r1"), ("j", "r2")}
+    batch(spark, {}, watermark=101 + HORIZON)  # r1's horizon has passed, not r2's
+    assert committed_seen(spark) == {("j", "r2")}

@@ -25,7 +25,6 @@ step again without it, so the failed invocation leaves no trace.
 from __future__ import annotations
 
 import bisect
-from itertools import repeat
 from dataclasses import dataclass, field, fields
 from typing import Any, Iterable, NamedTuple, Sequence
 
@@ -348,7 +347,7 @@ class _KeyStep:
         self.metrics = StepMetrics()
         self.skip_items, self.skip_timers, self.flush_each = skip_items, skip_timers, flush_each
         self.seen: dict[str, int] = {}  # ids of injected records this step, with their marks
-        self.seen_before = executor.store.seen_ids()  # (key, id) of those of earlier steps
+        self.seen_before = executor.store.seen_ids(key)  # the key's ids of earlier steps
         self.ctx = _Invocation(self.plan, self.state, key, wall_time, self.out, segments)
         self.keyed_advanced = executor.keyed_advanced
         self.firings = 0
@@ -385,7 +384,7 @@ class _KeyStep:
         in an earlier run of this step) nor duplicates of injected records already seen. Counts
         records, duplicates and late records."""
         low_watermark, advanced = self.segments[j][:2]
-        skip, seen, key, seen_before = self.skip_items, self.seen, self.key, self.seen_before
+        skip, seen, seen_before = self.skip_items, self.seen, self.seen_before
         admitted: list[tuple[int, Delivery]] = []
         late = duplicates = 0
         for item in items:
@@ -395,7 +394,7 @@ class _KeyStep:
             timestamp = record.timestamp
             if item[1].dedup:
                 rid = record.id
-                if rid in seen or (key, rid) in seen_before:
+                if rid in seen or rid in seen_before:
                     duplicates += 1
                     continue
                 # Kept until the watermark has moved a horizon past the later of the point's
@@ -570,15 +569,14 @@ class KeyGroupExecutor:
         out: list[ProductionRow] = list(map(tuple, passthrough))  # type: ignore[arg-type]
         metrics = StepMetrics(dead_letters=len(passthrough))
         changes: dict[str, StoredKey | None] = {}
-        seen: list[tuple[str, str, int]] = []
+        seen: dict[str, dict[str, int]] = {}
         seen_bytes = 0  # of the new dedup ids: key, id and an 8-byte mark each
         for key in keys:
             step = self._key_step(key, by_key.get(key, ()), blobs.get(key), segments, wall_time, out, metrics)
             changes[key] = step.stored()
             step.metrics.pending_timers = len(step.state.timers) - step.timers_before
             if step.seen:
-                ids = step.seen
-                seen.extend(zip(repeat(key), ids.keys(), ids.values()))
+                ids = seen[key] = step.seen
                 seen_bytes += len(ids) * (len(key) + 8) + sum(map(len, ids))
             out.extend(step.out)
             metrics.add(step.metrics)

@@ -12,7 +12,7 @@ import heapq
 from functools import partial
 from typing import Callable, Container, Iterable, Iterator, Mapping, NamedTuple, Protocol
 
-from millstream.core.dedup import DedupIndex
+from millstream.core.dedup import DedupIndex, SeenIds
 
 
 class StoredKey(NamedTuple):
@@ -32,15 +32,16 @@ class KeyStore(Protocol):
         wake-up on a keyed watermark <= that key's watermark in `keyed`."""
         ...
 
-    def seen_ids(self) -> Container[tuple[str, str]]:
-        """The (key, record id) pairs of injected records the key group has seen (dedup index), for
-        `in` tests: a step tests each injected record, so the test is one lookup, not a call."""
+    def seen_ids(self, key: str) -> Container[str]:
+        """The ids of injected records the key group has seen under `key` (dedup index), for `in`
+        tests: a step tests each injected record, so the test is one lookup, not a call."""
         ...
 
-    def save(self, changes: dict[str, StoredKey | None], seen: list[tuple[str, str, int]], low_watermark: int,
+    def save(self, changes: dict[str, StoredKey | None], seen: SeenIds, low_watermark: int,
              horizon_ms: int) -> None:
-        """Write a step's changed keys (None: the key is gone) and the ids it saw, with their marks,
-        as one unit; then forget ids past the horizon at `low_watermark`."""
+        """Write a step's changed keys (None: the key is gone) and the ids it saw (per key, id ->
+        mark; the store keeps these dicts) as one unit; then forget ids past the horizon at
+        `low_watermark`."""
         ...
 
     def next_wall_time(self) -> int | None:
@@ -82,12 +83,13 @@ class MemoryKeyStore:
                 heapq.heappush(heap, entry)
         return sorted(found)
 
-    def seen_ids(self) -> Container[tuple[str, str]]:
-        return self.dedup.marks
+    def seen_ids(self, key: str) -> Container[str]:
+        return self.dedup.ids_of(key)
 
-    def save(self, changes: dict[str, StoredKey | None], seen: list[tuple[str, str, int]] = (),  # type: ignore[assignment]
+    def save(self, changes: dict[str, StoredKey | None], seen: SeenIds | None = None,
              low_watermark: int | None = None, horizon_ms: int = 0) -> None:
-        self.dedup.add_all(seen)
+        if seen:
+            self.dedup.add(seen)
         if low_watermark is not None:
             self.dedup.expire(low_watermark, horizon_ms)
         self.apply(changes)

@@ -5,7 +5,7 @@ key would dominate a batch, and rewriting whole pages of keys made every batch w
 So per key group (the operator's grouping key) Spark holds:
 
 - `chunks` (MapState id -> blob): each blob the changed keys (key -> StoredKey, or None: the key is
-  gone), the dedup ids seen (key, id, mark) and the token of the state it was written on (its
+  gone), the dedup ids seen (key -> {id: mark}) and the token of the state it was written on (its
   parent). A batch writes ONE new chunk holding exactly what it changed: bytes written follow the
   changed state. Once the chunks add up to more than twice the live state, they are compacted into
   fresh base chunks (bounded amortized cost: at most ~1.5 bytes written per changed byte). Expired
@@ -40,6 +40,7 @@ from functools import partial
 from typing import Any, Callable, Container, Iterable, Mapping
 
 from millstream.core import flatpickle
+from millstream.core.dedup import SeenIds, seen_of
 from millstream.core.store import MemoryKeyStore, StoredKey
 
 CHUNK_BYTES = 4 << 20
@@ -88,7 +89,7 @@ class Head:
                    watermark, horizon)
 
 
-Chunk = tuple[dict[str, StoredKey | None], list[tuple[str, str, int]], str | None]  # keys, ids seen, parent
+Chunk = tuple[dict[str, StoredKey | None], SeenIds, str | None]  # keys, ids seen, parent
 
 
 @dataclass
@@ -139,7 +140,7 @@ class _Cache:
         self.expire(head.watermark, head.horizon_ms)
         self.first_id, self.next_id, self.token = head.first_id, head.next_id, head.token
 
-    def apply(self, changes: dict[str, StoredKey | None], seen: list[tuple[str, str, int]]) -> None:
+    def apply(self, changes: dict[str, StoredKey | None], seen: SeenIds) -> None:
         blobs = self.keys.blobs
         for key, stored in changes.items():
             old = blobs.get(key)
@@ -148,7 +149,7 @@ class _Cache:
             if stored is not None:
                 self.live_bytes += len(stored.blob) + len(key)
         self.keys.apply(changes)
-        self.keys.dedup.add_all(seen)
+        self.keys.dedup.add(seen)
 
     def expire(self, watermark: int | None, horizon_ms: int) -> bool:
         """Forget the dedup ids past the horizon at `watermark`; whether any was forgotten."""
@@ -170,7 +171,7 @@ class _Cache:
 _as_stored_key = partial(tuple.__new__, StoredKey)
 
 
-def _chunk_blob(keys: dict[str, StoredKey | None], seen: list[tuple[str, str, int]], parent: str | None) -> bytes:
+def _chunk_blob(keys: dict[str, StoredKey | None], seen: SeenIds, parent: str | None) -> bytes:
     """A chunk: its keys as plain tuples (a NamedTuple pickles through a Python call each), its ids
     and the token of the state it was written on."""
     return flatpickle.dumps(({key: None if stored is None else tuple(stored) for key, stored in keys.items()}, seen,
@@ -261,10 +262,11 @@ class SparkKeyStore:
         if not value:
             raise RuntimeError(f"state chunk {chunk_id} of key group {self._cache_key[1]} is missing")
         loaded = pickle.loads(bytes(value[0]))  # written by this module (_chunk_blob)
-        # Keys as plain tuples; chunks written by earlier versions hold StoredKeys (the same values)
-        # and no parent (a cache then rebuilds rather than catch up).
+        # Keys as plain tuples; chunks written by earlier versions hold StoredKeys (the same values),
+        # ids as a list of (key, id, mark), and no parent (a cache then rebuilds rather than catch up).
         keys = {key: None if stored is None else _as_stored_key(stored) for key, stored in loaded[0].items()}
-        return keys, loaded[1], loaded[2] if len(loaded) > 2 else None
+        seen = loaded[1] if type(loaded[1]) is dict else seen_of(loaded[1])
+        return keys, seen, loaded[2] if len(loaded) > 2 else None
 
     def _current_cache(self) -> _Cache:
         head = self.head
@@ -287,10 +289,10 @@ class SparkKeyStore:
     def next_wall_time(self) -> int | None:
         return self.cache.keys.next_wall_time()
 
-    def seen_ids(self) -> Container[tuple[str, str]]:
-        return self.cache.keys.seen_ids()
+    def seen_ids(self, key: str) -> Container[str]:
+        return self.cache.keys.seen_ids(key)
 
-    def save(self, changes: dict[str, StoredKey | None], seen: list[tuple[str, str, int]], low_watermark: int,
+    def save(self, changes: dict[str, StoredKey | None], seen: SeenIds, low_watermark: int,
              horizon_ms: int) -> None:
         head, cache = self.head, self.cache
         if head.watermark is not None:
@@ -333,20 +335,27 @@ class SparkKeyStore:
             batch[key] = stored
             size += len(stored.blob) + len(key)
             if size >= CHUNK_BYTES:
-                self._write_base(batch, [])
+                self._write_base(batch, {})
                 batch, size = {}, 0
         if batch:
-            self._write_base(batch, [])
-        ids = self.cache.keys.dedup.entries()
+            self._write_base(batch, {})
         per_chunk = max(1, CHUNK_BYTES // _DEDUP_ENTRY_BYTES)
-        for start in range(0, len(ids), per_chunk):
-            self._write_base({}, ids[start:start + per_chunk])
+        seen: dict[str, dict[str, int]] = {}
+        held = 0
+        for key, ids in self.cache.keys.dedup.snapshot().items():
+            seen[key] = ids
+            held += len(ids)
+            if held >= per_chunk:
+                self._write_base({}, seen)
+                seen, held = {}, 0
+        if seen:
+            self._write_base({}, seen)
         for chunk_id in old:
             self._chunks.removeKey((chunk_id,))
         head.first_id = first
         head.delta_bytes = 0
 
-    def _write_base(self, keys: dict[str, StoredKey | None], seen: list[tuple[str, str, int]]) -> None:
+    def _write_base(self, keys: dict[str, StoredKey | None], seen: SeenIds) -> None:
         # No parent: a cache from before the compaction has another first_id and rebuilds.
         blob = _chunk_blob(keys, seen, None)
         self._chunks.updateValue((self.head.next_id,), (blob,))

@@ -263,7 +263,7 @@ class PipelineHarness:
     def dedup_ids(self, computation: str) -> list[tuple[str, str]]:
         """The (key, record id) pairs the computation still remembers to discard duplicates."""
         run = self._run(computation)
-        return sorted(k for store in _stores(run) for k in store.dedup.marks)
+        return sorted((key, rid) for store in _stores(run) for key, rid, _ in store.dedup.entries())
 
     def pending_wall_timers(self, computation: str) -> int | None:
         """The earliest wall-time timer still pending in the computation, if any."""
