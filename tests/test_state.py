@@ -477,3 +477,39 @@ def test_json_encoded_values_hold_only_their_own_bytes():
     finally:
         tracemalloc.stop()
     assert per_value < 200, f"{per_value:.0f} bytes of memory per encoded value"
+
+
+@pytest.mark.parametrize("key_codec", [JsonCodec(), PickleCodec()], ids=["json", "pickle"])
+@pytest.mark.parametrize("pool", [[0, 1, 2, 3, "1", "a", "b", "", 10**30], [0, 1, 2.5, -7.25, "1", "a"]],
+                         ids=["ints-and-strs", "with-floats"])
+def test_map_cells_agree_with_a_plain_dict_over_many_steps(key_codec, pool):
+    """A map state's cell against a plain dict, step after step over the same stored entries: random
+    get, contains, put and remove, with enough lookups per step that a cell looks keys up by
+    decoding the stored ones instead of encoding each (for int and str keys only: with a float
+    stored, it goes on encoding)."""
+    from millstream.core.keystate import MapCell
+
+    rng = random.Random(11)
+    spec = MapState("m", key_codec=key_codec)
+    stored: dict[bytes, bytes] = {}
+    model: dict = {}
+    for _ in range(300):
+        cell = MapCell(spec, stored)
+        for _ in range(rng.randrange(0, 30)):
+            key, op = rng.choice(pool), rng.random()
+            if op < 0.4:
+                assert cell.get(key, "dflt") == model.get(key, "dflt"), key
+                assert type(cell.get(key)) is type(model.get(key)), key
+            elif op < 0.55:
+                assert cell.contains(key) == (key in model), key
+            elif op < 0.8:
+                value = rng.randrange(100)
+                cell.put(key, value)
+                model[key] = value
+            else:
+                cell.remove(key)
+                model.pop(key, None)
+        encoded = cell.encode()  # the entries to store, None for none, or a marker: nothing changed
+        stored = encoded if isinstance(encoded, dict) else {} if encoded is None else stored
+        decoded = {key_codec.decode(k): spec.value_codec.decode(v) for k, v in stored.items()}
+        assert decoded == model and {type(k) for k in decoded} == {type(k) for k in model}
