@@ -243,6 +243,11 @@ def test_the_dedup_index_expires_exactly_the_ids_past_their_horizon(ids_return):
         model = {pair: mark for pair, mark in model.items() if mark >= watermark - horizon}
         assert {(k, r): m for k, r, m in index.entries()} == model
         assert all(r in index.ids_of(k) for k, r in model) and len(index) == len(model)
+    for watermark in range(watermark, watermark + 500):  # no more ids: they go, the last ones at once
+        index.expire(watermark, 0)
+        model = {pair: mark for pair, mark in model.items() if mark >= watermark}
+        assert {(k, r): m for k, r, m in index.entries()} == model and len(index) == len(model)
+    assert not model
 
 
 def test_key_blobs_written_before_the_timer_layout_changed_still_load():

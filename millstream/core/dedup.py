@@ -46,7 +46,7 @@ class DedupIndex:
     (False, 0)
     """
 
-    __slots__ = ("_by_key", "_chunks", "_sequence", "_size", "_overwritten")
+    __slots__ = ("_by_key", "_chunks", "_sequence", "_size", "_overwritten", "_highest")
 
     def __init__(self) -> None:
         self._by_key: dict[str, dict[str, int]] = {}
@@ -60,6 +60,7 @@ class DedupIndex:
         # Whether an add ever gave a held id a new mark: until then every held id is in exactly one
         # chunk with its mark, and a chunk leaving whole needs no match against its key's dict.
         self._overwritten = False
+        self._highest: int | None = None  # the highest mark added: past it, every id goes at once
 
     def __len__(self) -> int:
         return self._size
@@ -91,7 +92,10 @@ class DedupIndex:
                     self._overwritten = True
                 added += grew
             marks = chunk.values()
-            heapq.heappush(chunks, (min(marks), next(sequence), max(marks), key, chunk))
+            highest = max(marks)
+            heapq.heappush(chunks, (min(marks), next(sequence), highest, key, chunk))
+            if self._highest is None or highest > self._highest:
+                self._highest = highest
         self._size += added
 
     def expire(self, low_watermark: int, horizon_ms: int) -> None:
@@ -100,6 +104,11 @@ class DedupIndex:
         An id added again has a new mark: its old chunk's entry no longer matches and leaves it be."""
         cutoff = low_watermark - horizon_ms
         chunks, by_key = self._chunks, self._by_key
+        if chunks and self._highest is not None and self._highest < cutoff:  # the end of the input, say
+            by_key.clear()
+            chunks.clear()
+            self._size, self._highest = 0, None
+            return
         forgotten = 0
         while chunks and chunks[0][0] < cutoff:
             _, sequence, highest, key, chunk = heapq.heappop(chunks)
