@@ -484,9 +484,7 @@ def test_json_encoded_values_hold_only_their_own_bytes():
                          ids=["ints-and-strs", "with-floats"])
 def test_map_cells_agree_with_a_plain_dict_over_many_steps(key_codec, pool):
     """A map state's cell against a plain dict, step after step over the same stored entries: random
-    get, contains, put and remove, with enough lookups per step that a cell looks keys up by
-    decoding the stored ones instead of encoding each (for int and str keys only: with a float
-    stored, it goes on encoding)."""
+    get, contains, put and remove, keys of several types, up to 30 operations per step."""
     from millstream.core.keystate import MapCell
 
     rng = random.Random(11)

@@ -251,22 +251,14 @@ class ListCell:
 
 
 _MISSING: Any = object()
-# Key types whose equal values are of one type and so encode to the same bytes (the codec contract):
-# a dict of such decoded keys finds a stored entry as the key's encoding would. (1 == 1.0 == True,
-# so floats and bools are left out.)
-_INDEXABLE = frozenset({int, str})
 
 
 class MapCell:
     """A map state during one step, and the handle user code gets for it. Entries are decoded one at
     a time, on first read, and kept by their (hashable) key; changed and read entries are encoded
-    again at the end of the step (a read value may have been mutated in place).
+    again at the end of the step (a read value may have been mutated in place)."""
 
-    A key not read yet is looked up among the stored entries by its encoding. Once a step has looked
-    up as many keys as are stored, the stored keys are decoded instead, into `index` (decoded key ->
-    stored encoding), and later lookups of int and str keys are one dict lookup, with no encoding."""
-
-    __slots__ = ("spec", "stored", "live", "on_write", "encoded", "index", "lookups")
+    __slots__ = ("spec", "stored", "live", "on_write", "encoded")
 
     def __init__(self, spec: MapState[Any, Any], stored: dict[bytes, bytes], on_write: Any = None) -> None:
         self.spec = spec
@@ -274,8 +266,6 @@ class MapCell:
         self.live: dict[Any, Any] = {}  # key -> value (or _REMOVED) read or written this step
         self.on_write = on_write
         self.encoded: dict[Any, bytes] = {}  # key -> its encoding, for keys encoded this step
-        self.index: dict[Any, bytes] | None = None  # decoded stored key -> its encoding, once built
-        self.lookups = 0  # of stored entries by encoding, this step
 
     def _encode_key(self, key: Any) -> bytes:
         data = self.encoded.get(key)
@@ -283,52 +273,27 @@ class MapCell:
             data = self.encoded[key] = self.spec.key_codec.encode(key)
         return data
 
-    def _stored_key(self, key: Any) -> bytes | None:
-        """The stored encoding of `key` if it has a stored entry, else None. A key the key codec
-        refuses cannot have been stored: it is absent here (and reported when it is put, at the end
-        of the step), so looking it up gives the same answer whether or not anything is stored."""
-        stored = self.stored
-        if not stored:  # nothing persisted: no key to encode for the lookup
+    def _stored_value(self, key: Any) -> bytes | None:
+        """The persisted encoding of `key`'s value, if any. A key the key codec refuses cannot have
+        been stored: it is absent here (and reported when it is put, at the end of the step), so
+        looking it up gives the same answer whether or not anything is stored."""
+        if not self.stored:  # nothing persisted: no key to encode for the lookup
             return None
-        index = self.index
-        if type(key) in _INDEXABLE:
-            if index is None and self.lookups >= len(stored):
-                index = self._build_index()
-            if index:
-                return index.get(key)
-        self.lookups += 1
         try:
-            data = self._encode_key(key)
+            return self.stored.get(self._encode_key(key))
         except CodecError:
             return None
-        return data if data in stored else None
-
-    def _build_index(self) -> dict[Any, bytes]:
-        """Decode the stored keys (an empty index, never used, if one is not an int or str)."""
-        decode = self.spec.key_codec.decode
-        try:
-            index = {decode(data): data for data in self.stored}
-        except Exception:  # a key stored under another codec: looked up by encoding, as before
-            index = {}
-        self.index = index if all(type(key) in _INDEXABLE for key in index) else {}
-        return self.index
-
-    def _stored_value(self, key: Any) -> bytes | None:
-        """The persisted encoding of `key`'s value, if any."""
-        data = self._stored_key(key)
-        return None if data is None else self.stored[data]
 
     def get(self, key: Any, default: Any = None) -> Any:
         value = self.live.get(key, _MISSING)
         if value is _MISSING:
-            if not self.stored:  # the per-record path: nothing persisted
+            stored = self.stored
+            if not stored:  # _stored_value(), inlined: the per-record path
                 return default
-            index = self.index
-            if index and type(key) in _INDEXABLE:  # _stored_key(), inlined
-                data = index.get(key)
-                data = None if data is None else self.stored[data]
-            else:
-                data = self._stored_value(key)
+            try:
+                data = stored.get(self._encode_key(key))
+            except CodecError:
+                return default
             if data is None:
                 return default
             value = self.live[key] = self.spec.value_codec.decode(data)
@@ -375,18 +340,19 @@ class MapCell:
             return _ABSENT
         stored = self.stored  # owned by the KeyState; a failed step reloads the key from its blob
         value_codec, encode_key = self.spec.value_codec, self._encode_key
-        live = self.live
-        removed = [key for key, value in live.items() if value is _REMOVED]
-        # Found among the stored entries before any changes (else it was put and removed this step).
-        gone = [data for data in map(self._stored_key, removed) if data is not None] if stored else []
-        for key, value in live.items():
+        removed = []
+        for key, value in self.live.items():
             if value is not _REMOVED:
                 stored[encode_key(key)] = value_codec.encode(value)
-        for data in gone:
-            del stored[data]
+                continue
+            removed.append(key)
+            if stored:  # else nothing to remove: the entry was put and removed within the step
+                try:
+                    stored.pop(encode_key(key), None)
+                except CodecError:
+                    pass  # a key the codec refuses was never stored
         for key in removed:
-            del live[key]
-        self.index, self.lookups = None, 0  # the stored entries changed
+            del self.live[key]
         return stored or None
 
 
