@@ -1,7 +1,7 @@
 """Scaling: the throughput benchmark's millstream job (Windower, 1e4 keys, exactly-once on, 2 injector
 partitions) on one core and on two, run one after the other, each in a fresh driver process, in
-ROUNDS rounds of all four configurations (one with --quick); the speed-up reported is the median of
-the rounds' ratios:
+ROUNDS rounds of all four configurations (3, or SCALING_ROUNDS; one with --quick); the speed-up
+reported is the median of the rounds' ratios:
 
 - local[1] vs local[2] (parallelism 1 vs 2, as SparkRunner chooses by default for local[N]);
 - a Spark standalone cluster started here on 127.0.0.1 (a master, workers of one core each) with one
@@ -47,8 +47,8 @@ KEYS = 10_000
 # configuration still spread by several percent between runs at steady state (docs/performance.md).
 TIMED_RUNS = 3
 # Rounds of the four configurations, one after the other: the speed-up reported is the median of the
-# rounds' ratios, so one slow stretch of the machine does not decide it.
-ROUNDS = 3
+# rounds' ratios, so one slow stretch of the machine does not decide it. SCALING_ROUNDS sets more.
+ROUNDS = int(os.environ.get("SCALING_ROUNDS", "3"))
 
 
 def one(master: str, parallelism: int, total: int, out: str) -> None:
