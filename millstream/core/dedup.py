@@ -28,7 +28,6 @@ from typing import Collection, Iterable, Mapping
 SeenIds = Mapping[str, Mapping[str, int]]  # key -> {record id: mark}: the ids one step (or chunk) saw
 _NONE: Mapping[str, int] = {}
 _FIRST = itemgetter(0)
-_MARK = itemgetter(1)
 
 
 class DedupIndex:
@@ -52,8 +51,8 @@ class DedupIndex:
         self._by_key: dict[str, dict[str, int]] = {}
         # Expiry order: each add's ids of one key as a chunk, in a heap by the chunk's lowest mark:
         # (lowest mark, sequence, highest mark, key, {id: mark}). A chunk whose highest mark is past
-        # the cutoff leaves whole, matched against its key's dict in C; one key's ids span a step's
-        # marks (the watermark, or a record's time ahead of it), so most chunks leave whole.
+        # the cutoff leaves whole; one key's ids span a step's marks (the watermark, or a record's
+        # time ahead of it), so most chunks leave whole. A chunk across the cutoff is split.
         self._chunks: list[tuple[int, int, int, str, dict[str, int]]] = []
         self._sequence = count()
         self._size = 0
