@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import pickle
 import time
+from collections import Counter
 
 import pytest
 
@@ -313,3 +314,28 @@ def test_chunks_holding_ids_as_triples_still_load():
     assert committed_seen(spark) == {("k", "r1"), ("j", "r2")}
     batch(spark, {}, watermark=101 + HORIZON)  # r1's horizon has passed, not r2's
     assert committed_seen(spark) == {("j", "r2")}
+
+
+def test_a_compaction_keeps_every_dedup_id_split_over_base_chunks(monkeypatch):
+    """A compaction rewrites the live ids into base chunks of at most CHUNK_BYTES' worth each: a
+    worker with no cache reads back exactly the ids within the horizon."""
+    monkeypatch.setattr(statestore, "CHUNK_BYTES", 10 * statestore._DEDUP_ENTRY_BYTES)  # 10 ids a chunk
+    monkeypatch.setattr(statestore, "COMPACT_MIN_BYTES", 0)  # compact at twice the live state
+    spark = FakeSpark()
+    added: dict[tuple[str, str], int] = {}
+    n = compactions = 0
+    while compactions < 2:
+        watermark = n * HORIZON // 8  # an id expires 8 batches after it came
+        seen = [(f"k{(n + i) % 7}", f"r{n}-{i}", watermark) for i in range(5)]
+        added.update(((key, rid), mark) for key, rid, mark in seen)
+        before = Head.loads(spark.head).first_id if spark.head else 0
+        batch(spark, {f"k{n % 7}": stored(n)}, seen=seen, watermark=watermark)
+        compactions += Head.loads(spark.head).first_id != before
+        n += 1
+        assert n < 1_000
+    live = {pair for pair, mark in added.items() if mark >= watermark - HORIZON}
+    assert committed_seen(spark) == live
+    # Right after the compaction every chunk is a base chunk; one ends with the key that fills it.
+    sizes = [sum(map(len, seen.values())) for seen in (pickle.loads(b)[1] for b in spark.chunks.values()) if seen]
+    most_of_a_key = max(Counter(key for key, _ in live).values())
+    assert sum(sizes) == len(live) and len(sizes) > 1 and max(sizes) < 10 + most_of_a_key
