@@ -56,7 +56,7 @@ class DedupIndex:
         self._chunks: list[tuple[int, int, int, str, dict[str, int]]] = []
         self._sequence = count()
         self._size = 0
-        # Whether an add ever gave a held id a new mark: until then every held id is in exactly one
+        # Whether an add ever brought an id the index held already: until then every held id is in one
         # chunk with its mark, and a chunk leaving whole needs no match against its key's dict.
         self._overwritten = False
         self._highest: int | None = None  # the highest mark added: past it, every id goes at once
