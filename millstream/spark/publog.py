@@ -60,17 +60,24 @@ class PublicationLog:
         """Consecutive entries after `position` (at most `limit`); from the first retained entry if
         retention pruned those after `position`."""
         found: list[tuple[int, dict[str, Any]]] = []
-        while len(found) < limit:
+        for item in self.entries_from(position):
+            if len(found) == limit:
+                break
+            found.append(item)
+        return found
+
+    def entries_from(self, position: int) -> Iterator[tuple[int, dict[str, Any]]]:
+        """The entries after `position`, read one at a time as the caller goes on."""
+        while True:
             entry = self.read(position + 1)
             if entry is None:
                 below, _ = self.pruned()
                 if position + 1 >= below:
-                    break
+                    return
                 position = below - 1
                 continue
             position += 1
-            found.append((position, entry))
-        return found
+            yield position, entry
 
     def head(self) -> int:
         """The last position written (-1: the log is empty)."""

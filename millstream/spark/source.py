@@ -228,10 +228,13 @@ def plan_next_batch(plan: SourcePlan, start: dict[str, Any], wall_timer_due: boo
             continue
         log = PublicationLog(plan.root, sender.plan.producer)
         position = item["position"]
-        for entry_position, entry in log.entries_after(position, plan.max_log_entries):
+        batches = 0  # claims carry no records: they never count, or a run of them would stall the reader
+        for entry_position, entry in log.entries_from(position):
             if entry["type"] == BATCH:
-                if len(points) + len(entry["output"]) > plan.max_points and points:
+                if batches == plan.max_log_entries or (len(points) + len(entry["output"]) > plan.max_points
+                                                       and points):
                     break  # whole entries only; the rest goes to the next batch
+                batches += 1
                 idle = entry.get("idle") or [False] * len(entry["output"])
                 keyed_output = entry.get("keyed") or [{}] * len(entry["output"])
                 for index, watermark in enumerate(entry["output"]):

@@ -1,11 +1,13 @@
 """Done-criterion 1 of the foundation: the paper's Windower -> DipDetector pipeline on local Spark,
 over out-of-order and delayed data, equals a ground truth computed in plain Python."""
 
+import functools
 import json
 import os
 
 from millstream.apps.dips import TrafficSpec, build_pipeline, expected_output
 from millstream.model.records import END_OF_TIME
+from millstream.spark import runner as runner_module
 from millstream.spark.runner import SparkRunner
 
 
@@ -37,13 +39,16 @@ def test_windower_dip_detector_matches_ground_truth(spark, tmp_path):
     assert sorted((d["key"], d["value"]["bucket"], d["value"]["count"]) for d in lines) == truth["dips"]
 
 
-def test_low_watermarks_are_monotonic_and_held_by_upstream(spark, tmp_path):
+def test_low_watermarks_are_monotonic_and_held_by_upstream(spark, tmp_path, monkeypatch):
+    # The detector reads one windower publication per batch, so it sees the windower's watermarks one
+    # by one however the two queries' batches interleave (by default it takes all that are published).
+    monkeypatch.setattr(runner_module, "SourcePlan", functools.partial(runner_module.SourcePlan, max_log_entries=1))
     spec = TrafficSpec(events=6_000, keys=5, seed=3)
     runner = SparkRunner(build_pipeline(spec), root=str(tmp_path / "root"), spark=spark, max_records_per_batch=1000)
     runner.run(timeout=240)
     windower = runner.watermark_history("windower")
     detector = runner.watermark_history("dip_detector")
-    assert len(windower) > 5 and len(detector) > 3
+    assert len(windower) > 5 and len(detector) > 5
     for history in (windower, detector):
         marks = [h["low_watermark"] for h in history]
         assert marks == sorted(marks), "a low watermark went backwards"
