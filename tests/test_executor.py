@@ -539,3 +539,64 @@ def test_step_metrics_add_sums_every_field():
     total = StepMetrics(**{name: 1 for name in names})
     total.add(StepMetrics(**{name: n + 2 for n, name in enumerate(names)}))
     assert total.as_dict() == {name: n + 3 for n, name in enumerate(names)}
+
+
+# -- the dead_letter policy ----------------------------------------------------------------------------
+class Tally(Computation):
+    """Appends each record's value to the key's list, then fails on values starting with "bad":
+    the failing invocation's append must leave no trace."""
+
+    seen = ListState[str]("seen")
+
+    def process_record(self, ctx, record):
+        ctx.state(self.seen).append(record.value)
+        if record.value.startswith("bad"):
+            raise ValueError(f"refused {record.value}")
+
+
+class BatchTally(Tally):
+    def process_records(self, ctx, records):
+        for record in records:
+            self.process_record(ctx, record)
+
+
+@pytest.mark.parametrize("computation", [Tally, BatchTally])
+def test_dead_letters_name_the_failing_records_of_every_input_point_and_leave_no_trace(computation):
+    # Four input points in one step; each key's failures sit at various positions of later points.
+    rng = random.Random(5)
+    segments = [Segment(100 * j, 100 * j + 99) for j in range(4)]
+    deliveries, expected, expected_dead = [], defaultdict(list), defaultdict(list)
+    for j in range(4):
+        for n in range(12):
+            key = f"k{rng.randrange(3)}"
+            value = f"{'bad' if rng.random() < 0.3 else 'ok'}-{j}-{n}"
+            record = Record(key, value, 100 * j + n, f"r{j}-{n}")
+            deliveries.append(Delivery(key, "in", record, j, True))
+            if value.startswith("bad"):
+                expected_dead[key].append(record.id)
+            else:
+                expected[key].append(value)
+    assert sum(map(len, expected_dead.values())) >= 5
+    ex = make_executor(computation(), on_error="dead_letter")
+    result = ex.step(deliveries, segments, 0)
+    dead = defaultdict(list)
+    for produced in result.productions:
+        if produced.stream == "dead_letters":
+            letter = ex.plan.output_codecs["dead_letters"].decode(produced.value)
+            dead[letter["key"]].append(letter["record_id"])
+    if computation is BatchTally:  # a failing call sends every record of its key and point
+        failing_points = {(key, rid.split("-")[0]) for key, rids in expected_dead.items() for rid in rids}
+        expected_dead = defaultdict(list)
+        for d in deliveries:
+            if (d.key, f"r{d.segment}") in failing_points:
+                expected_dead[d.key].append(d.record.id)
+        expected = defaultdict(list)
+        for d in deliveries:
+            if (d.key, f"r{d.segment}") not in failing_points:
+                expected[d.key].append(d.record.value)
+    assert {k: sorted(v) for k, v in dead.items()} == {k: sorted(v) for k, v in expected_dead.items()}
+    from millstream.core.executor import inspect_key
+    for key in {d.key for d in deliveries}:  # a key whose every record failed keeps no state
+        values, _ = inspect_key(ex.plan, ex.store.load([key]).get(key))
+        assert values.get("seen", []) == expected[key]
+    assert result.metrics.dead_letters == sum(map(len, expected_dead.values()))
