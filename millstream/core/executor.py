@@ -119,6 +119,13 @@ class _UserFailure(Exception):
         self.error, self.items, self.timer, self.segment = error, items, timer, segment
 
 
+def _positions(items: Sequence[Delivery], first: int, chosen: Sequence[Delivery]) -> tuple[int, ...]:
+    """The positions in the key's deliveries of those `chosen` among `items` (which start at position
+    `first`): found by identity, since two deliveries can be equal. Only for failures: it is linear."""
+    wanted = set(map(id, chosen))
+    return tuple(position for position, delivery in enumerate(items, first) if id(delivery) in wanted)
+
+
 class _StateFlushFailed(Exception):
     """A state value could not be encoded at the end of the key's step: the culprit is unknown yet."""
 
@@ -353,21 +360,23 @@ class _KeyStep:
         self.firings = 0
         self.timers_before = len(self.state.timers)
 
-    def run(self, items: Sequence[tuple[int, Delivery]]) -> None:
+    def run(self, items: Sequence[Delivery]) -> None:
+        """The key's deliveries in input order. A delivery is known by its position in `items` (the
+        same list in every run of the key's step): what failed, and what a rerun skips."""
         plan, state, segments = self.plan, self.state, self.segments
         deliver = self.deliver_batch if plan.batched else self.deliver_each
         position, count = 0, len(items)
         if len(segments) == 1 and count:  # one input point (the common step): no runs to find
-            deliver(items, 0)
+            deliver(items, 0, 0)
             position = count
         while position < count:  # the key's records, one input point at a time
-            j = items[position][1].segment
+            j = items[position].segment
             end = position + 1
-            while end < count and items[end][1].segment == j:
+            while end < count and items[end].segment == j:
                 end += 1
             if j > 0:  # the key's timers made due before this point fire before its records
                 self.fire(segments[j - 1].advanced_to, j - 1)
-            deliver(items[position:end], j)
+            deliver(items[position:end], j, position)
             position = end
         last = len(segments) - 1
         self.fire(segments[last].advanced_to, last, wall=True)
@@ -379,20 +388,20 @@ class _KeyStep:
             raise _StateFlushFailed(str(error)) from error
         state.end_step()
 
-    def admitted(self, items: Sequence[tuple[int, Delivery]], j: int) -> list[tuple[int, Delivery]]:
-        """The key's records of input point j that reach user code: neither skipped (dead-lettered
-        in an earlier run of this step) nor duplicates of injected records already seen. Counts
-        records, duplicates and late records."""
+    def admitted(self, items: Sequence[Delivery], j: int, first: int) -> list[Delivery]:
+        """The key's records of input point j (`items`, from position `first` of the key's) that
+        reach user code: neither skipped (dead-lettered in an earlier run of this step) nor
+        duplicates of injected records already seen. Counts records, duplicates and late records."""
         low_watermark, advanced = self.segments[j][:2]
         skip, seen, seen_before = self.skip_items, self.seen, self.seen_before
-        admitted: list[tuple[int, Delivery]] = []
+        if skip:
+            items = [delivery for position, delivery in enumerate(items, first) if position not in skip]
+        admitted: list[Delivery] = []
         late = duplicates = 0
-        for item in items:
-            if skip and item[0] in skip:
-                continue
-            record = item[1].record
+        for delivery in items:
+            record = delivery.record
             timestamp = record.timestamp
-            if item[1].dedup:
+            if delivery.dedup:
                 rid = record.id
                 if rid in seen or rid in seen_before:
                     duplicates += 1
@@ -401,14 +410,14 @@ class _KeyStep:
                 # advanced watermark and the record's time: never forgotten in the step that read it.
                 seen[rid] = advanced if advanced > timestamp else timestamp
             late += timestamp < low_watermark
-            admitted.append(item)
+            admitted.append(delivery)
         metrics = self.metrics
         metrics.records += len(admitted)
         metrics.duplicates += duplicates
         metrics.late += late
         return admitted
 
-    def deliver_each(self, items: Sequence[tuple[int, Delivery]], j: int) -> None:
+    def deliver_each(self, items: Sequence[Delivery], j: int, first: int) -> None:
         """process_record for each of the key's admitted records of input point j (_begin inlined:
         this is the per-record hot path)."""
         state, ctx, plan = self.state, self.ctx, self.plan
@@ -418,7 +427,7 @@ class _KeyStep:
         # What every invocation of this point shares (see _Invocation._begin).
         ctx._low_watermark, ctx._segment, ctx._advanced, ctx._inputs, ctx._after = (
             low_watermark, j, advanced, inputs, False)
-        for index, delivery in self.admitted(items, j):
+        for delivery in self.admitted(items, j, first):
             record = delivery.record
             stream = delivery.stream
             cause = f"r\x1f{stream}\x1f{record.id}"  # record_cause()
@@ -429,24 +438,24 @@ class _KeyStep:
                 if flush_each:
                     state.flush(plan.state_specs)
             except Exception as error:
-                raise _UserFailure(error, items=(index,), segment=j) from error
+                raise _UserFailure(error, items=_positions(items, first, (delivery,)), segment=j) from error
 
-    def deliver_batch(self, items: Sequence[tuple[int, Delivery]], j: int) -> None:
+    def deliver_batch(self, items: Sequence[Delivery], j: int, first: int) -> None:
         """process_records: the key's admitted records of one input point in one call."""
-        admitted = self.admitted(items, j)
+        admitted = self.admitted(items, j, first)
         if not admitted:
             return
         low_watermark, advanced, inputs = self.segments[j][:3]
-        first = admitted[0][1]
-        records = [delivery.record for _, delivery in admitted]
-        cause = record_cause(first.stream, first.record.id)
-        self.ctx._begin(cause, cause, first.stream, False, low_watermark, j, advanced, inputs)
+        head = admitted[0]
+        records = [delivery.record for delivery in admitted]
+        cause = record_cause(head.stream, head.record.id)
+        self.ctx._begin(cause, cause, head.stream, False, low_watermark, j, advanced, inputs)
         try:
             self.plan.computation.process_records(self.ctx, records)
             if self.flush_each:
                 self.state.flush(self.plan.state_specs)
         except Exception as error:
-            raise _UserFailure(error, items=tuple(index for index, _ in admitted), segment=j) from error
+            raise _UserFailure(error, items=_positions(items, first, admitted), segment=j) from error
 
     def fire(self, low_watermark: int, boundary: int, wall: bool = False) -> None:
         """Fire the key's timers due by `low_watermark` (and by the wall clock, with `wall`) in
@@ -554,13 +563,13 @@ class KeyGroupExecutor:
               passthrough: Sequence[Produced]) -> StepResult:
         self.advanced = [s.advanced_to for s in segments]
         self.keyed_advanced = {name: [s.keyed_after()[name] for s in segments] for name, _, _ in segments[0].keyed}
-        by_key: dict[str, list[tuple[int, Delivery]]] = {}
-        for index, delivery in enumerate(deliveries):
-            items = by_key.get(delivery.key)
+        by_key: dict[str, list[Delivery]] = {}
+        for delivery in deliveries:
+            items = by_key.get(delivery[0])  # .key: the field's descriptor costs more
             if items is None:
-                by_key[delivery.key] = [(index, delivery)]
+                by_key[delivery[0]] = [delivery]
             else:
-                items.append((index, delivery))
+                items.append(delivery)
         last = segments[-1].advanced_to
         keys = list(by_key)
         known = set(keys)
@@ -585,7 +594,7 @@ class KeyGroupExecutor:
         metrics.state_bytes = sum(len(k) + len(s.blob) for k, s in changes.items() if s is not None) + seen_bytes
         return StepResult(out, self.store.next_wall_time(), metrics)
 
-    def _key_step(self, key: str, items: Sequence[tuple[int, Delivery]], blob: bytes | None,
+    def _key_step(self, key: str, items: Sequence[Delivery], blob: bytes | None,
                   segments: Sequence[Segment], wall_time: int, out: list[ProductionRow],
                   metrics: StepMetrics) -> _KeyStep:
         """The key's step, run again without each failing input under the dead_letter policy."""
@@ -601,8 +610,7 @@ class KeyGroupExecutor:
                 flush_each = True  # run again, encoding after every invocation, to find the culprit
                 continue
             except _UserFailure as failure:
-                by_index = dict(items)
-                failed: list[Delivery | None] = [by_index[i] for i in failure.items] or [None]
+                failed: list[Delivery | None] = [items[i] for i in failure.items] or [None]
                 if self.plan.on_error is ErrorPolicy.FAIL:
                     raise ComputationFailed(self._failure_message(key, failed[0], failure)) from None
                 for delivery in failed:
