@@ -23,6 +23,7 @@ look for the newest one. A reader that starts from the beginning starts at the f
 
 from __future__ import annotations
 
+from itertools import islice
 from typing import Any, Iterator
 
 from millstream.spark.storage import Storage
@@ -59,12 +60,7 @@ class PublicationLog:
     def entries_after(self, position: int, limit: int) -> list[tuple[int, dict[str, Any]]]:
         """Consecutive entries after `position` (at most `limit`); from the first retained entry if
         retention pruned those after `position`."""
-        found: list[tuple[int, dict[str, Any]]] = []
-        for item in self.entries_from(position):
-            if len(found) == limit:
-                break
-            found.append(item)
-        return found
+        return list(islice(self.entries_from(position), limit))
 
     def entries_from(self, position: int) -> Iterator[tuple[int, dict[str, Any]]]:
         """The entries after `position`, read one at a time as the caller goes on."""

@@ -89,7 +89,7 @@ class SourcePlan:
     # The records a batch reads from injectors at most (split evenly over their partitions): a fixed
     # cap, or batch pacing's (pacing.py), which follows the speed of the batches before.
     batch_cap: int | BatchPacing = field(default_factory=BatchPacing)
-    max_log_entries: int = 64
+    max_log_entries: int = 64  # a producer's publications (its batch entries; claims never count) per batch
     max_points: int = 512
     # Where senders start (a computation added to a running pipeline "from now"): log position or
     # injector offset by sender name; absent senders start at the beginning.
