@@ -12,7 +12,7 @@ from collections import defaultdict
 import pytest
 
 from millstream import Computation, ListState, Pipeline, Record, ScriptedInjector, TimeDomain, ValueState
-from millstream.core.executor import ComputationError, ComputationFailed, Delivery, KeyGroupExecutor
+from millstream.core.executor import ComputationError, ComputationFailed, Delivery, KeyGroupExecutor, inspect_key
 from millstream.core.plan import plan_computation
 from millstream.core.store import MemoryKeyStore
 from millstream.core.watermarks import Segment
@@ -36,7 +36,6 @@ def deliver(key: str, value, ts: int = 0, rid: str | None = None) -> Delivery:
 
 def pending(ex: KeyGroupExecutor) -> tuple[int | None, int | None]:
     """The earliest pending low-watermark and wall-time user timers over all keys."""
-    from millstream.core.executor import inspect_key
     timers = [t for key in ex.store.keys() for t in inspect_key(ex.plan, ex.store.load([key])[key])[1]]
     lw = [t.time for t in timers if t.domain is LW]
     wall = [t.time for t in timers if t.domain is WALL]
@@ -279,7 +278,6 @@ class Counter(Computation):
 
 
 def _count(ex, key):
-    from millstream.core.executor import inspect_key
     return inspect_key(ex.plan, ex.store.load([key]).get(key))[0].get("count", 0)
 
 
@@ -595,7 +593,6 @@ def test_dead_letters_name_the_failing_records_of_every_input_point_and_leave_no
             if (d.key, f"r{d.segment}") not in failing_points:
                 expected[d.key].append(d.record.value)
     assert {k: sorted(v) for k, v in dead.items()} == {k: sorted(v) for k, v in expected_dead.items()}
-    from millstream.core.executor import inspect_key
     for key in {d.key for d in deliveries}:  # a key whose every record failed keeps no state
         values, _ = inspect_key(ex.plan, ex.store.load([key]).get(key))
         assert values.get("seen", []) == expected[key]

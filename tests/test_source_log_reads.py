@@ -19,7 +19,8 @@ class PassThrough(Computation):
         ctx.produce(Record(record.key, record.value, record.timestamp), "out")
 
 
-def consumer_plan(root: str, max_log_entries: int) -> SourcePlan:
+def consumer_plan(root: str, max_log_entries: int | None = None) -> SourcePlan:
+    """The plan of `down`'s source, reading `up`'s log (`max_log_entries`: the runner's default if None)."""
     injector = GeneratorInjector(lambda i: Record(f"k{i}", i, 1_000 + i, f"r{i}"), total=10,
                                  low_watermark=lambda n: 1_000 + n)
     pipeline = (Pipeline("logs").add_injector("gen", injector, "events")
@@ -28,7 +29,7 @@ def consumer_plan(root: str, max_log_entries: int) -> SourcePlan:
     plan = plan_computation(pipeline, "down")
     senders = tuple(Sender(s, None, False) for s in plan.senders())
     return SourcePlan(plan, root, senders, "wake.json", GroupLabels(tuple(range(plan.key_groups))),
-                      batch_cap=1_000, max_log_entries=max_log_entries)
+                      batch_cap=1_000, **({} if max_log_entries is None else {"max_log_entries": max_log_entries}))
 
 
 def publish(log: PublicationLog, position: int, watermark: int) -> None:
@@ -66,3 +67,26 @@ def test_claims_after_the_last_batch_are_not_a_batch(tmp_path) -> None:
     assert plan_next_batch(plan, first, False, now_ms=2) is first  # no empty batch for claims alone
     publish(log, 5, 2_001)
     assert log_positions(plan_next_batch(plan, first, False, now_ms=3)) == [5]
+
+
+def test_more_claims_in_a_row_than_the_default_limit_are_passed_over(tmp_path) -> None:
+    plan = consumer_plan(str(tmp_path))  # the runner's limit of publications a batch
+    log = PublicationLog(str(tmp_path), "up")
+    claims = plan.max_log_entries + 6
+    for position in range(claims):
+        log.append(position, {"type": CLAIM, "epoch": position + 1})
+    publish(log, claims, 2_000)
+    assert log_positions(plan_next_batch(plan, initial_offset(plan), False, now_ms=1)) == [claims]
+
+
+def test_claims_between_batches_are_passed_over_and_the_next_batch_goes_on_after_the_last_read(tmp_path) -> None:
+    plan = consumer_plan(str(tmp_path), max_log_entries=2)
+    log = PublicationLog(str(tmp_path), "up")
+    publish(log, 0, 2_000)
+    log.append(1, {"type": CLAIM, "epoch": 2})
+    publish(log, 2, 2_001)
+    log.append(3, {"type": CLAIM, "epoch": 3})
+    publish(log, 4, 2_002)
+    first = plan_next_batch(plan, initial_offset(plan), False, now_ms=1)
+    assert log_positions(first) == [0, 2]
+    assert log_positions(plan_next_batch(plan, first, False, now_ms=2)) == [4]

@@ -111,7 +111,8 @@ class StepResult:
 
 
 class _UserFailure(Exception):
-    """User code raised; carries what failed (a delivery index or a timer) for the error policy."""
+    """User code raised; carries what failed (positions in the key's deliveries, or a timer) for the
+    error policy."""
 
     def __init__(self, error: BaseException, items: tuple[int, ...] = (), timer: tuple[str, int, str] | None = None,
                  segment: int = 0) -> None:
@@ -565,7 +566,7 @@ class KeyGroupExecutor:
         self.keyed_advanced = {name: [s.keyed_after()[name] for s in segments] for name, _, _ in segments[0].keyed}
         by_key: dict[str, list[Delivery]] = {}
         for delivery in deliveries:
-            items = by_key.get(delivery[0])  # .key: the field's descriptor costs more
+            items = by_key.get(delivery[0])  # its key
             if items is None:
                 by_key[delivery[0]] = [delivery]
             else:

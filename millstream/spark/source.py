@@ -231,16 +231,18 @@ def plan_next_batch(plan: SourcePlan, start: dict[str, Any], wall_timer_due: boo
         batches = 0  # claims carry no records: they never count, or a run of them would stall the reader
         for entry_position, entry in log.entries_from(position):
             if entry["type"] == BATCH:
-                if batches == plan.max_log_entries or (len(points) + len(entry["output"]) > plan.max_points
-                                                       and points):
+                if len(points) + len(entry["output"]) > plan.max_points and points:
                     break  # whole entries only; the rest goes to the next batch
-                batches += 1
                 idle = entry.get("idle") or [False] * len(entry["output"])
                 keyed_output = entry.get("keyed") or [{}] * len(entry["output"])
                 for index, watermark in enumerate(entry["output"]):
                     segment = coalescer.advance(name, max(watermark, coalescer.input_watermark(name)), idle[index],
                                                 keyed_output[index])
                     points.append(_point(segment, name, position=entry_position, segment=index))
+                batches += 1
+                if batches >= plan.max_log_entries:
+                    position = entry_position
+                    break  # stops before reading the next entry (a request each, on object stores)
             position = entry_position
         if position != item["position"]:
             senders[name] = {"position": position, "watermark": coalescer.input_watermark(name),
