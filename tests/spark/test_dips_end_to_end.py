@@ -41,17 +41,18 @@ def test_windower_dip_detector_matches_ground_truth(spark, tmp_path):
 def test_low_watermarks_are_monotonic_and_held_by_upstream(spark, tmp_path, monkeypatch):
     # The detector reads one windower publication per batch, so it sees the windower's watermarks one
     # by one however the two queries' batches interleave (by default it takes up to 64 at once).
-    plans = []
+    plans, source_plan = [], runner_module.SourcePlan
 
     def one_publication_per_batch(*args, **kwargs):
-        plans.append(runner_module.SourcePlan(*args, **kwargs, max_log_entries=1))
+        plans.append(source_plan(*args, **kwargs, max_log_entries=1))
         return plans[-1]
 
     monkeypatch.setattr(runner_module, "SourcePlan", one_publication_per_batch)
     spec = TrafficSpec(events=6_000, keys=5, seed=3)
     runner = SparkRunner(build_pipeline(spec), root=str(tmp_path / "root"), spark=spark, max_records_per_batch=1000)
     runner.run(timeout=240)
-    assert len(plans) == 2, "the runner no longer builds its sources' plans through SourcePlan: patch it anew"
+    assert {plan.computation.name for plan in plans} == {"windower", "dip_detector"}, \
+        "the runner no longer builds its sources' plans through SourcePlan: patch it anew"
     windower = runner.watermark_history("windower")
     detector = runner.watermark_history("dip_detector")
     assert len(windower) > 5 and len(detector) > 5
