@@ -240,10 +240,9 @@ def plan_next_batch(plan: SourcePlan, start: dict[str, Any], wall_timer_due: boo
                                                 keyed_output[index])
                     points.append(_point(segment, name, position=entry_position, segment=index))
                 batches += 1
-                if batches >= plan.max_log_entries:
-                    position = entry_position
-                    break  # stops before reading the next entry (a request each, on object stores)
             position = entry_position
+            if batches >= max(1, plan.max_log_entries):
+                break  # before reading the next entry (a request each, on object stores)
         if position != item["position"]:
             senders[name] = {"position": position, "watermark": coalescer.input_watermark(name),
                              "keyed": coalescer.sender_keyed(name)}
