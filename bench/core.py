@@ -12,9 +12,16 @@ key's state) weighs more in smaller batches: a fourth run, interleaved too, take
 
 A third run, interleaved with them, gives the same workload to the core through the per-key batch
 hook (bench.common.BatchWindower: `process_records` instead of `process_record`): what a user who
-can vectorize gets. All three must give the same windows.
+can vectorize gets.
 
-All run in this one process, interleaved (core, plain, batch hook, small batches, core, ...), each timed by the process's
+A fifth run calls the Windower's own `process_record` and `process_timer` with the thinnest context
+that serves them (a dict for its map, a heap for its timers, JSON bytes for its productions; no ids,
+no dedup, no persistence): what the user's code costs with only the plain loop's dict and heap
+around it. A framework calling that code per record and per timer pays it too; core / that ratio
+shows the framework's own share. Every run must give the plain Windower's windows.
+
+All run in this one process, interleaved (core, plain, batch hook, small batches, user code alone,
+core, ...), each timed by the process's
 CPU time (time.process_time: what another process on the machine takes from this one's core is not
 charged) and by wall time; the best of the repeats counts. The ratio core / plain is the figure to
 trust on a busy machine.
@@ -34,13 +41,15 @@ import time
 from collections import Counter
 from functools import partial
 
+import orjson
+
 from bench.common import RESULTS_DIR, BatchWindower, KeyedRecords, KeyedWatermark, Windower, cli
 from millstream import Pipeline, ScriptedInjector
 from millstream.core.plan import key_group, plan_computation
 from millstream.core.store import MemoryKeyStore
 from millstream.core.watermarks import Segment
 from millstream.model.codecs import DEFAULT_CODEC
-from millstream.model.records import END_OF_TIME
+from millstream.model.records import END_OF_TIME, TimeDomain, Timer
 from millstream.spark.bundles import pack, pack_production_columns, unpack_production_columns
 from millstream.spark.operator import step_bundles
 from millstream.spark.pacing import FIRST_BATCH_RECORDS
@@ -125,6 +134,84 @@ def run_plain(keys: int, total: int, batch: int) -> tuple[float, float, int]:
     return time.process_time() - started, time.perf_counter() - started_wall, Counter(out)
 
 
+class _ThinMap:
+    """A map state as a bare dict: what `ctx.state` gives user code in `run_user_code_alone`."""
+
+    __slots__ = ("entries",)
+
+    def __init__(self) -> None:
+        self.entries: dict = {}
+
+    def get(self, key, default=None):
+        return self.entries.get(key, default)
+
+    def put(self, key, value) -> None:
+        self.entries[key] = value
+
+    def remove(self, key) -> None:
+        self.entries.pop(key, None)
+
+
+class _ThinContext:
+    """The thinnest context the Windower's code runs against: one key's map, its timers as a dict
+    beside one heap of (time, key, tag) for the whole run, productions JSON-encoded into a list. No
+    ids, no dedup, no persistence, no input points: not a framework, a floor."""
+
+    __slots__ = ("key", "map", "timers", "heap", "out")
+
+    def __init__(self, heap: list, out: list) -> None:
+        self.key, self.map, self.timers, self.heap, self.out = "", _ThinMap(), {}, heap, out
+
+    def state(self, spec):
+        return self.map
+
+    def set_timer(self, tag: str, time: int) -> None:
+        timers = self.timers
+        if tag not in timers:
+            heapq.heappush(self.heap, (time, self.key, tag))
+        timers[tag] = time
+
+    def produce(self, record, stream: str) -> None:
+        # orjson's bytes copied to their own size, as the JSON codec does (its buffer is a kilobyte)
+        self.out.append((record.key, b"".join((orjson.dumps(record.value), b""))))
+
+
+def run_user_code_alone(keys: int, total: int, batch: int) -> tuple[float, float, Counter]:
+    """The Windower's own process_record and process_timer, called per record and per timer with
+    the thinnest context (`_ThinContext`) on records built beforehand: what the user's code costs
+    with only plain Python's dict and heap around it. (A timer set again before it fires is pushed
+    once, as in run_plain: none fires twice.)"""
+    make, watermark = KeyedRecords(keys), KeyedWatermark()
+    records = [make(i) for i in range(total)]
+    windower = Windower()
+    process_record, process_timer = windower.process_record, windower.process_timer
+    heap: list[tuple[int, str, str]] = []
+    out: list[tuple[str, bytes]] = []
+    contexts: dict[str, _ThinContext] = {}
+    new_timer, low_watermark = tuple.__new__, TimeDomain.LOW_WATERMARK
+    started, started_wall = time.process_time(), time.perf_counter()
+    for start in range(0, total, batch):
+        end = min(total, start + batch)
+        for record in records[start:end]:
+            ctx = contexts.get(record.key)
+            if ctx is None:
+                ctx = contexts[record.key] = _ThinContext(heap, out)
+                ctx.key = record.key
+            process_record(ctx, record)
+        limit = watermark(end) if end < total else END_OF_TIME
+        while heap and heap[0][0] <= limit:
+            at, key, tag = heapq.heappop(heap)
+            ctx = contexts[key]
+            del ctx.timers[tag]
+            process_timer(ctx, new_timer(Timer, (at, tag, low_watermark, None)))
+    cpu, wall = time.process_time() - started, time.perf_counter() - started_wall
+    windows = Counter()
+    for key, encoded in out:
+        value = orjson.loads(encoded)
+        windows[(key, value["bucket"], value["count"])] += 1
+    return cpu, wall, windows
+
+
 def profile(keys: int, total: int, batch: int) -> str:
     """A cProfile of the core (CPU time): top 15 by cumulative time, then by own time."""
     profiler = cProfile.Profile(time.process_time)
@@ -149,30 +236,38 @@ def main(quick: bool) -> dict:
     run_batched = partial(run_core, computation=BatchWindower)
     core_cpu, core_wall, plain_cpu, plain_wall, batched_cpu, batched_wall = [], [], [], [], [], []
     small_cpu: list[float] = []
+    alone_cpu: list[float] = []
     for _ in range(repeats):
         outputs = []
         for runner, size, cpu, wall in ((run_core, batch, core_cpu, core_wall), (run_plain, batch, plain_cpu, plain_wall),
                                         (run_batched, batch, batched_cpu, batched_wall),
-                                        (run_core, SMALL_BATCH, small_cpu, [])):
+                                        (run_core, SMALL_BATCH, small_cpu, []),
+                                        (run_user_code_alone, batch, alone_cpu, [])):
             seconds, wall_seconds, out = runner(keys, total, size)
             wall.append(wall_seconds)
             cpu.append(seconds)
             outputs.append(out)
-        core_out, plain_out, batched_out, small_out = outputs
+        core_out, plain_out, batched_out, small_out, alone_out = outputs
         assert core_out == plain_out, "the core's windows differ from plain Python's"
         assert batched_out == plain_out, "the batch hook's windows differ from plain Python's"
         assert small_out == plain_out, "the core's windows in small batches differ from plain Python's"
+        assert alone_out == plain_out, "the user code alone gives other windows than plain Python's"
     core_s, plain_s, batched_s, small_s = min(core_cpu), min(plain_cpu), min(batched_cpu), min(small_cpu)
+    alone_s = min(alone_cpu)
     result = {"keys": keys, "records": total, "batch": batch, "windows": sum(core_out.values()), "identical_output": core_out == plain_out, "repeats": repeats,
               "core_records_per_s": round(total / core_s), "plain_records_per_s": round(total / plain_s),
               "core_vs_plain": round(plain_s / core_s, 3),
               "batch_hook_records_per_s": round(total / batched_s), "batch_hook_vs_plain": round(plain_s / batched_s, 3),
+              "user_code_alone_records_per_s": round(total / alone_s), "user_code_alone_vs_plain": round(plain_s / alone_s, 3),
+              "core_vs_user_code_alone": round(alone_s / core_s, 3),
               "small_batch": SMALL_BATCH, "small_batch_core_records_per_s": round(total / small_s),
               "clock": "CPU time of this process (best of the repeats)",
               "core_cpu_s": [round(x, 3) for x in core_cpu], "plain_cpu_s": [round(x, 3) for x in plain_cpu],
+              "user_code_alone_cpu_s": [round(x, 3) for x in alone_cpu],
               "core_wall_s": [round(x, 3) for x in core_wall], "plain_wall_s": [round(x, 3) for x in plain_wall]}
     print(f"[core] {keys:,} keys, {total:,} records in {batch:,}-record batches: core {result['core_records_per_s']:,} rec/s, plain CPython "
-          f"{result['plain_records_per_s']:,} rec/s, core/plain = {result['core_vs_plain']}; with the batch hook "
+          f"{result['plain_records_per_s']:,} rec/s, core/plain = {result['core_vs_plain']}; the user code alone "
+          f"{result['user_code_alone_records_per_s']:,} rec/s (core/that = {result['core_vs_user_code_alone']}); with the batch hook "
           f"{result['batch_hook_records_per_s']:,} rec/s = {result['batch_hook_vs_plain']}; core in {SMALL_BATCH:,}-record "
           f"batches {result['small_batch_core_records_per_s']:,} rec/s (CPU time)", flush=True)
     return result
