@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterator
 
 from millstream import Computation, GeneratorInjector, MapState, Record
 from millstream.model.injector import Offset
+from millstream.model.pipeline import DEFAULT_DEDUP_HORIZON_MS
 from millstream.model.records import END_OF_TIME
 
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -29,6 +30,11 @@ SCRATCH = os.environ.get("MILLSTREAM_BENCH_SCRATCH", "/tmp/millstream-bench")
 T0 = 1_700_000_000_000
 EVENTS_PER_SECOND = 10_000  # event-time density of the throughput workload
 DISORDER_MS = 250  # bounded out-of-order: a record is at most this much older than its base time
+# 1e6 records of the Windower workload span 100 s of event time, short of the default 10-minute dedup
+# horizon: with it no id would expire before the end. With 10 seconds, a run of 200k-record batches
+# (20 s each) is past it from its second batch on, each batch expiring the ids of the one before:
+# the dedup index stays one batch's ids, as in the steady state of a long run.
+STEADY_DEDUP_HORIZON_MS = 10_000
 
 
 # -- the Windower workload -----------------------------------------------------------------------
@@ -198,11 +204,13 @@ class PassThrough(Computation):
         ctx.produce(Record(record.key, record.value, record.timestamp), self.output)
 
 
-def windower_pipeline(name: str, injector: Any, exactly_once: bool = True) -> Any:
+def windower_pipeline(name: str, injector: Any, exactly_once: bool = True,
+                      dedup_horizon_ms: int = DEFAULT_DEDUP_HORIZON_MS) -> Any:
     from millstream import Pipeline
 
     return (Pipeline(name).add_injector("gen", injector, "events")
-            .add_computation("win", Windower(), ["events"], ["windows"], exactly_once=exactly_once))
+            .add_computation("win", Windower(), ["events"], ["windows"], exactly_once=exactly_once,
+                             dedup_horizon_ms=dedup_horizon_ms))
 
 
 def window_rows(records: Any) -> Counter:

@@ -4,8 +4,8 @@ the in-memory key store, through the operator's own `step_bundles` and so with i
 handling), next to a plain-CPython Windower with a timer heap written for this
 workload alone: the interpreter's own speed, what the core's overhead is measured against.
 
-The dedup horizon is 10 seconds of event time (DEDUP_HORIZON_MS), so most of the run is past it:
-each batch expires as many ids as it adds. Batches are the size the Spark runner's batch pacing
+The dedup horizon is 10 seconds of event time (bench.common.STEADY_DEDUP_HORIZON_MS), so most of
+the run is past it: each batch expires as many ids as it adds. Batches are the size the Spark runner's batch pacing
 starts at (spark/pacing.py: FIRST_BATCH_RECORDS), the end-to-end job's first batches: at 1e4 keys
 and 200k-record batches a key group's step holds ~20 records per key. The work paid once per key and step (loading and storing the
 key's state) weighs more in smaller batches: a fourth run, interleaved too, takes 50k-record batches
@@ -44,7 +44,8 @@ from functools import partial
 
 import orjson
 
-from bench.common import RESULTS_DIR, BatchWindower, KeyedRecords, KeyedWatermark, Windower, cli
+from bench.common import (RESULTS_DIR, STEADY_DEDUP_HORIZON_MS, BatchWindower, KeyedRecords, KeyedWatermark, Windower,
+                          cli)
 from millstream import Pipeline, ScriptedInjector
 from millstream.core.plan import key_group, plan_computation
 from millstream.core.store import MemoryKeyStore
@@ -57,11 +58,6 @@ from millstream.spark.pacing import FIRST_BATCH_RECORDS
 
 KEY_GROUPS = 32
 SMALL_BATCH = 50_000
-# 1e6 records span 100 s of event time, short of the default 10-minute dedup horizon: with it no id
-# would expire before the end. With 10 seconds, from the second 200k-record batch on (a batch spans
-# 20 s) each batch expires the ids of the one before: the index holds one batch's ids, as in the
-# steady state of a long run.
-DEDUP_HORIZON_MS = 10_000
 
 
 def bundles(keys: int, start: int, end: int, segment: int) -> dict[int, bytes]:
@@ -84,7 +80,7 @@ def run_core(keys: int, total: int, batch: int, profiler: cProfile.Profile | Non
     """(CPU seconds, wall seconds, the windows as a multiset of (key, bucket, count)). With
     `profiler`, it profiles the timed part only."""
     pipeline = (Pipeline("p").add_injector("gen", ScriptedInjector("gen", []), "events")
-                .add_computation("win", computation(), ["events"], ["windows"], dedup_horizon_ms=DEDUP_HORIZON_MS))
+                .add_computation("win", computation(), ["events"], ["windows"], dedup_horizon_ms=STEADY_DEDUP_HORIZON_MS))
     plan = plan_computation(pipeline, "win", KEY_GROUPS)
     stores = [MemoryKeyStore() for _ in range(KEY_GROUPS)]
     codecs = {"events": plan.input("events").codec}
