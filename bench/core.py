@@ -1,31 +1,33 @@
 """The offline core on one core: the Windower through the executor exactly as the Spark operator
 drives it (bundled deliveries in, sorted into input order, one step per key group and batch against
 the in-memory key store, through the operator's own `step_bundles` and so with its garbage-collector
-handling), next to a plain-CPython Windower with a timer heap written for this
-workload alone: the interpreter's own speed, what the core's overhead is measured against.
+handling), next to a plain-CPython Windower with a timer heap written for this workload alone: the
+interpreter's own speed, what the core's overhead is measured against.
 
 The dedup horizon is 10 seconds of event time (bench.common.STEADY_DEDUP_HORIZON_MS), so most of
-the run is past it: each batch expires as many ids as it adds. Batches are the size the Spark runner's batch pacing
-starts at (spark/pacing.py: FIRST_BATCH_RECORDS), the end-to-end job's first batches: at 1e4 keys
-and 200k-record batches a key group's step holds ~20 records per key. The work paid once per key and step (loading and storing the
-key's state) weighs more in smaller batches: a fourth run, interleaved too, takes 50k-record batches
-(~5 records per key per step; the figure earlier measurements reported).
+the run is past it, expiring ids as fast as it adds them (the 50k-record batches below keep three
+batches' ids). Batches are the size the Spark runner's batch
+pacing starts at (spark/pacing.py: FIRST_BATCH_RECORDS), the end-to-end job's first batches: at 1e4
+keys and 200k-record batches a key group's step holds ~20 records per key. The work paid once per
+key and step (loading and storing the key's state) weighs more in smaller batches: a fourth run,
+interleaved too, takes 50k-record batches (~5 records per key per step; the figure earlier
+measurements reported).
 
 A third run, interleaved with them, gives the same workload to the core through the per-key batch
 hook (bench.common.BatchWindower: `process_records` instead of `process_record`): what a user who
 can vectorize gets.
 
-A fifth run calls the Windower's own `process_record` and `process_timer` with the thinnest context
-that serves them (a dict for its map, a heap for its timers, JSON bytes for its productions; no ids,
-no dedup, no persistence): what the user's code costs with only the plain loop's dict and heap
-around it. A framework calling that code per record and per timer pays it too; core / that ratio
-shows the framework's own share. Every run must give the plain Windower's windows.
+A fifth run calls the Windower's own `process_record` and `process_timer`, per record and per timer,
+with a thin context organized as the core is (per key a dict of its timers and one heap entry for
+the earliest; a dict for its map state; productions encoded by the JSON codec) and no ids, dedup,
+persistence or input points: what the user's code costs with little around it. Core / that ratio
+shows the framework's share. Every run must give the plain Windower's windows, each in the same
+batch.
 
 All run in this one process, interleaved (core, plain, batch hook, small batches, user code alone,
-core, ...), each timed by the process's
-CPU time (time.process_time: what another process on the machine takes from this one's core is not
-charged) and by wall time; the best of the repeats counts. The ratio core / plain is the figure to
-trust on a busy machine.
+core, ...), each timed by the process's CPU time (time.process_time: what another process on the
+machine takes from this one's core is not charged) and by wall time; the best of the repeats counts.
+The ratio core / plain is the figure to trust on a busy machine.
 
 `python -m bench.core [--quick]`; PROFILE=1 also prints a cProfile of the core (CPU time, top 15 by
 cumulative and by own time) and writes it to bench/results/core-profile.txt.
@@ -42,16 +44,15 @@ import time
 from collections import Counter
 from functools import partial
 
-import orjson
-
 from bench.common import (RESULTS_DIR, STEADY_DEDUP_HORIZON_MS, BatchWindower, KeyedRecords, KeyedWatermark, Windower,
                           cli)
 from millstream import Pipeline, ScriptedInjector
+from millstream.core.garbage import bulk_work
 from millstream.core.plan import key_group, plan_computation
 from millstream.core.store import MemoryKeyStore
 from millstream.core.watermarks import Segment
 from millstream.model.codecs import DEFAULT_CODEC
-from millstream.model.records import END_OF_TIME, TimeDomain, Timer
+from millstream.model.records import END_OF_TIME, Record, TimeDomain, Timer
 from millstream.spark.bundles import pack, pack_production_columns, unpack_production_columns
 from millstream.spark.operator import step_bundles
 from millstream.spark.pacing import FIRST_BATCH_RECORDS
@@ -77,16 +78,17 @@ def bundles(keys: int, start: int, end: int, segment: int) -> dict[int, bytes]:
 
 def run_core(keys: int, total: int, batch: int, profiler: cProfile.Profile | None = None,
              computation: type[Windower] = Windower) -> tuple[float, float, Counter]:
-    """(CPU seconds, wall seconds, the windows as a multiset of (key, bucket, count)). With
-    `profiler`, it profiles the timed part only."""
+    """(CPU seconds, wall seconds, the windows as a multiset of (key, bucket, count, the batch it
+    came out in)). With `profiler`, it profiles the timed part only."""
     pipeline = (Pipeline("p").add_injector("gen", ScriptedInjector("gen", []), "events")
-                .add_computation("win", computation(), ["events"], ["windows"], dedup_horizon_ms=STEADY_DEDUP_HORIZON_MS))
+                .add_computation("win", computation(), ["events"], ["windows"],
+                                 dedup_horizon_ms=STEADY_DEDUP_HORIZON_MS))
     plan = plan_computation(pipeline, "win", KEY_GROUPS)
     stores = [MemoryKeyStore() for _ in range(KEY_GROUPS)]
     codecs = {"events": plan.input("events").codec}
     watermark = KeyedWatermark()
     inputs = [bundles(keys, s, min(total, s + batch), 0) for s in range(0, total, batch)]  # not timed: the source's work
-    produced: list[bytes] = []
+    produced: list[tuple[int, bytes]] = []  # (batch, a key group's productions)
     before = watermark(0)
     if profiler is not None:
         profiler.enable()
@@ -98,29 +100,30 @@ def run_core(keys: int, total: int, batch: int, profiler: cProfile.Profile | Non
         for group in range(KEY_GROUPS):
             bundle = per_group.get(group)
             result = step_bundles(plan, stores[group], [bundle] if bundle else [], codecs, segments, 0)
-            produced.append(pack_production_columns(result.rows))  # as the operator ships them
+            produced.append((number, pack_production_columns(result.rows)))  # as the operator ships them
         before = after
     cpu, wall = time.process_time() - started, time.perf_counter() - started_wall
     if profiler is not None:
         profiler.disable()
     out_codec = plan.output_codecs["windows"]
     windows = Counter()
-    for chunk in produced:
+    for number, chunk in produced:
         for _, key, encoded, *_ in zip(*unpack_production_columns(chunk)):
             value = out_codec.decode(encoded)
-            windows[(key, value["bucket"], value["count"])] += 1
+            windows[(key, value["bucket"], value["count"], number)] += 1
     return cpu, wall, windows
 
 
-def run_plain(keys: int, total: int, batch: int) -> tuple[float, float, int]:
-    """The same windows with a dict per key and one heap of (bucket end, key): no framework."""
+def run_plain(keys: int, total: int, batch: int) -> tuple[float, float, Counter]:
+    """The same windows (and the batch each comes out in) with a dict per key and one heap of
+    (bucket end, key): no framework."""
     make, watermark = KeyedRecords(keys), KeyedWatermark()
     records = [make(i) for i in range(total)]
     counts: dict[str, dict[int, int]] = {}
     heap: list[tuple[int, str]] = []
-    out: list[tuple[str, int, int]] = []
+    out: list[tuple[str, int, int, int]] = []
     started, started_wall = time.process_time(), time.perf_counter()
-    for start in range(0, total, batch):
+    for number, start in enumerate(range(0, total, batch)):
         end = min(total, start + batch)
         for record in records[start:end]:
             bucket = record.timestamp - record.timestamp % 1000
@@ -132,86 +135,93 @@ def run_plain(keys: int, total: int, batch: int) -> tuple[float, float, int]:
         limit = watermark(end) if end < total else END_OF_TIME
         while heap and heap[0][0] <= limit:
             at, key = heapq.heappop(heap)
-            out.append((key, at - 1000, counts[key].pop(at - 1000)))
+            out.append((key, at - 1000, counts[key].pop(at - 1000), number))
     return time.process_time() - started, time.perf_counter() - started_wall, Counter(out)
 
 
-class _ThinMap:
-    """A map state as a bare dict: what `ctx.state` gives user code in `run_user_code_alone`."""
+class _ThinMap(dict):
+    """A map state as a bare dict (`get` is dict's own): what `ctx.state` gives user code in
+    `run_user_code_alone`."""
 
-    __slots__ = ("entries",)
-
-    def __init__(self) -> None:
-        self.entries: dict = {}
-
-    def get(self, key, default=None):
-        return self.entries.get(key, default)
-
-    def put(self, key, value) -> None:
-        self.entries[key] = value
-
-    def remove(self, key) -> None:
-        self.entries.pop(key, None)
+    put = dict.__setitem__
+    remove = dict.__delitem__  # the Windower removes only buckets it holds
 
 
 class _ThinContext:
-    """The thinnest context the Windower's code runs against: one key's map, its timers as a dict
-    beside one heap of (time, key, tag) for the whole run, productions JSON-encoded into a list. No
-    ids, no dedup, no persistence, no input points: not a framework, a floor."""
+    """The context the Windower's code runs against in `run_user_code_alone`: one key's map, its
+    pending timers (tag -> time) and the earliest of them, its productions encoded by the JSON codec
+    into one list. No ids, no dedup, no persistence, no input points."""
 
-    __slots__ = ("key", "map", "timers", "heap", "out")
+    __slots__ = ("key", "map", "timers", "wake", "heap", "out")
 
-    def __init__(self, heap: list, out: list) -> None:
-        self.key, self.map, self.timers, self.heap, self.out = "", _ThinMap(), {}, heap, out
+    def __init__(self, key: str, heap: list[tuple[int, str]], out: list[tuple[str, bytes]]) -> None:
+        self.key, self.map, self.timers, self.wake, self.heap, self.out = key, _ThinMap(), {}, None, heap, out
 
-    def state(self, spec):
+    def state(self, spec: object) -> _ThinMap:
         return self.map
 
     def set_timer(self, tag: str, time: int) -> None:
-        timers = self.timers
-        if tag not in timers:
-            heapq.heappush(self.heap, (time, self.key, tag))
-        timers[tag] = time
+        self.timers[tag] = time
+        if self.wake is None or time < self.wake:  # the key's heap entry moves earlier
+            self.wake = time
+            heapq.heappush(self.heap, (time, self.key))
 
-    def produce(self, record, stream: str) -> None:
-        # orjson's bytes copied to their own size, as the JSON codec does (its buffer is a kilobyte)
-        self.out.append((record.key, b"".join((orjson.dumps(record.value), b""))))
+    def produce(self, record: Record, stream: str) -> None:
+        self.out.append((record.key, DEFAULT_CODEC.encode(record.value)))
 
 
 def run_user_code_alone(keys: int, total: int, batch: int) -> tuple[float, float, Counter]:
-    """The Windower's own process_record and process_timer, called per record and per timer with
-    the thinnest context (`_ThinContext`) on records built beforehand: what the user's code costs
-    with only plain Python's dict and heap around it. (A timer set again before it fires is pushed
-    once, as in run_plain: none fires twice.)"""
+    """The Windower's own process_record and process_timer, called per record and per timer on
+    records built beforehand, with a thin context (`_ThinContext`) organized as the core is: per key
+    a dict of its timers and one heap entry for its earliest (stale entries skipped), a due key's
+    timers fired in (time, tag) order. What the user's code costs with little around it; as the
+    core's steps, it runs with the collector held back (core/garbage.py)."""
     make, watermark = KeyedRecords(keys), KeyedWatermark()
     records = [make(i) for i in range(total)]
     windower = Windower()
     process_record, process_timer = windower.process_record, windower.process_timer
-    heap: list[tuple[int, str, str]] = []
+    heap: list[tuple[int, str]] = []  # (a key's earliest timer, the key)
     out: list[tuple[str, bytes]] = []
+    batch_of_output: list[int] = []  # per production, the batch it came out in
     contexts: dict[str, _ThinContext] = {}
-    new_timer, low_watermark = tuple.__new__, TimeDomain.LOW_WATERMARK
+    # Timers built as the executor builds them: a tuple of Timer's fields, past NamedTuple's __new__.
+    new_timer, low_watermark_domain = tuple.__new__, TimeDomain.LOW_WATERMARK
     started, started_wall = time.process_time(), time.perf_counter()
-    for start in range(0, total, batch):
-        end = min(total, start + batch)
-        for record in records[start:end]:
-            ctx = contexts.get(record.key)
-            if ctx is None:
-                ctx = contexts[record.key] = _ThinContext(heap, out)
-                ctx.key = record.key
-            process_record(ctx, record)
-        limit = watermark(end) if end < total else END_OF_TIME
-        while heap and heap[0][0] <= limit:
-            at, key, tag = heapq.heappop(heap)
-            ctx = contexts[key]
-            del ctx.timers[tag]
-            process_timer(ctx, new_timer(Timer, (at, tag, low_watermark, None)))
+    with bulk_work():
+        for number, start in enumerate(range(0, total, batch)):
+            end = min(total, start + batch)
+            for record in records[start:end]:
+                ctx = contexts.get(record.key)
+                if ctx is None:
+                    ctx = contexts[record.key] = _ThinContext(record.key, heap, out)
+                process_record(ctx, record)
+            limit = watermark(end) if end < total else END_OF_TIME
+            while heap and heap[0][0] <= limit:
+                wake, key = heapq.heappop(heap)
+                ctx = contexts[key]
+                if ctx.wake != wake:
+                    continue  # the key's entry moved earlier, and fired then
+                timers = ctx.timers
+                for at, tag in sorted([(at, tag) for tag, at in timers.items() if at <= limit]):
+                    del timers[tag]
+                    process_timer(ctx, new_timer(Timer, (at, tag, low_watermark_domain, None)))
+                ctx.wake = min(timers.values()) if timers else None
+                if ctx.wake is not None:
+                    heapq.heappush(heap, (ctx.wake, key))
+            batch_of_output.extend([number] * (len(out) - len(batch_of_output)))
     cpu, wall = time.process_time() - started, time.perf_counter() - started_wall
+    assert not any(ctx.timers for ctx in contexts.values()), "timers still pending at the end of the input"
     windows = Counter()
-    for key, encoded in out:
-        value = orjson.loads(encoded)
-        windows[(key, value["bucket"], value["count"])] += 1
+    for (key, encoded), number in zip(out, batch_of_output):
+        value = DEFAULT_CODEC.decode(encoded)
+        windows[(key, value["bucket"], value["count"], number)] += 1
     return cpu, wall, windows
+
+
+def without_batches(windows: Counter) -> Counter:
+    """(key, bucket, count) of each window, whichever batch it came out in: runs in batches of
+    different sizes give the same windows in other batches."""
+    return Counter((key, bucket, count) for key, bucket, count, _ in windows.elements())
 
 
 def profile(keys: int, total: int, batch: int) -> str:
@@ -252,7 +262,8 @@ def main(quick: bool) -> dict:
         core_out, plain_out, batched_out, small_out, alone_out = outputs
         assert core_out == plain_out, "the core's windows differ from plain Python's"
         assert batched_out == plain_out, "the batch hook's windows differ from plain Python's"
-        assert small_out == plain_out, "the core's windows in small batches differ from plain Python's"
+        assert without_batches(small_out) == without_batches(plain_out), \
+            "the core's windows in small batches differ from plain Python's"
         assert alone_out == plain_out, "the user code alone gives other windows than plain Python's"
     core_s, plain_s, batched_s, small_s = min(core_cpu), min(plain_cpu), min(batched_cpu), min(small_cpu)
     alone_s = min(alone_cpu)

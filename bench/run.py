@@ -77,7 +77,7 @@ def table(results: dict[str, dict]) -> str:
             add("core", "the same through the per-key batch hook (process_records): records/s",
                 _n(core["batch_hook_records_per_s"]))
         if "user_code_alone_records_per_s" in core:
-            add("core", "the Windower's own code alone, thinnest context (no framework): records/s; core / that",
+            add("core", "the Windower's own code alone, thin context (no framework): records/s; core / that",
                 f"{_n(core['user_code_alone_records_per_s'])}; {core['core_vs_user_code_alone']}")
 
     row = results.get("throughput", {}).get("result")

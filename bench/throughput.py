@@ -11,8 +11,9 @@ it). Last output committed: millstream, the publication of the batch that emitte
 (its publication-log entry, written after Spark committed the batch); hand-written, Spark's commit of
 the last batch that wrote windows (its commits/N). Both outputs are compared with the exact multiset
 of (key, bucket, count) computed directly from the generator. millstream's dedup horizon is 10
-seconds of event time (bench.common.STEADY_DEDUP_HORIZON_MS): past its first batch the run is past
-the horizon, each batch expiring the ids of the one before, as a long-running pipeline does.
+seconds of event time (bench.common.STEADY_DEDUP_HORIZON_MS): while batches hold over ~102,500
+records (pacing starts them at 200,000) each expires the ids of the batch before, so the run
+expires ids as fast as it adds them, as a long-running pipeline does.
 
 Warm-up, to time the steady state a long-running pipeline lives in: the JVM's JIT compiler is still
 compiling through the first full-size runs of a session (docs/performance.md, "the JIT"). So
