@@ -6,12 +6,11 @@ interpreter's own speed, what the core's overhead is measured against.
 
 The dedup horizon is 10 seconds of event time (bench.common.STEADY_DEDUP_HORIZON_MS), so most of
 the run is past it, expiring ids as fast as it adds them (the 50k-record batches below keep three
-batches' ids). Batches are the size the Spark runner's batch
-pacing starts at (spark/pacing.py: FIRST_BATCH_RECORDS), the end-to-end job's first batches: at 1e4
-keys and 200k-record batches a key group's step holds ~20 records per key. The work paid once per
-key and step (loading and storing the key's state) weighs more in smaller batches: a fourth run,
-interleaved too, takes 50k-record batches (~5 records per key per step; the figure earlier
-measurements reported).
+batches' ids). Batches are the size the Spark runner's batch pacing starts at (spark/pacing.py:
+FIRST_BATCH_RECORDS), the end-to-end job's first batches: at 1e4 keys and 200k-record batches a key
+group's step holds ~20 records per key. The work paid once per key and step (loading and storing
+the key's state) weighs more in smaller batches: a fourth run, interleaved too, takes 50k-record
+batches (~5 records per key per step; the figure earlier measurements reported).
 
 A third run, interleaved with them, gives the same workload to the core through the per-key batch
 hook (bench.common.BatchWindower: `process_records` instead of `process_record`): what a user who
@@ -22,7 +21,7 @@ with a thin context organized as the core is (per key a dict of its timers and o
 the earliest; a dict for its map state; productions encoded by the JSON codec) and no ids, dedup,
 persistence or input points: what the user's code costs with little around it. Core / that ratio
 shows the framework's share. Every run must give the plain Windower's windows, each in the same
-batch.
+batch (the 50k-record run: the same windows).
 
 All run in this one process, interleaved (core, plain, batch hook, small batches, user code alone,
 core, ...), each timed by the process's CPU time (time.process_time: what another process on the
