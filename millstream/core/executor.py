@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field, fields
-from typing import Any, Iterable, NamedTuple, Sequence
+from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 
 import xxhash
 
@@ -419,27 +419,54 @@ class _KeyStep:
         return admitted
 
     def deliver_each(self, items: Sequence[Delivery], j: int, first: int) -> None:
-        """process_record for each of the key's admitted records of input point j (_begin inlined:
-        this is the per-record hot path)."""
+        """process_record for each of the key's records of input point j that is admitted (see
+        `admitted`, inlined here with _begin: this is the per-record hot path). Admitting a record
+        as it comes, rather than the point's records first, admits the same ones: a failure
+        discards the whole run of the key's step."""
         state, ctx, plan = self.state, self.ctx, self.plan
         process_record = plan.computation.process_record
         low_watermark, advanced, inputs = self.segments[j][:3]
         flush_each = self.flush_each
+        seen, seen_before = self.seen, self.seen_before
         # What every invocation of this point shares (see _Invocation._begin).
         ctx._low_watermark, ctx._segment, ctx._advanced, ctx._inputs, ctx._after = (
             low_watermark, j, advanced, inputs, False)
-        for delivery in self.admitted(items, j, first):
-            record = delivery.record
-            stream = delivery.stream
-            cause = f"r\x1f{stream}\x1f{record.id}"  # record_cause()
-            ctx._cause = ctx._setter = cause
-            ctx._stream, ctx._late, ctx._produced = stream, record.timestamp < low_watermark, 0
-            try:
-                process_record(ctx, record)
-                if flush_each:
-                    state.flush(plan.state_specs)
-            except Exception as error:
-                raise _UserFailure(error, items=_positions(items, first, (delivery,)), segment=j) from error
+        skip = self.skip_items
+        chosen = [delivery for position, delivery in enumerate(items, first) if position not in skip] if skip \
+            else items
+        records = late = duplicates = 0
+        try:
+            for delivery in chosen:
+                _, stream, record, _, dedup = delivery
+                timestamp = record.timestamp
+                if dedup:
+                    rid = record.id
+                    if rid in seen or rid in seen_before:
+                        duplicates += 1
+                        continue
+                    seen[rid] = advanced if advanced > timestamp else timestamp
+                else:
+                    rid = record.id
+                records += 1
+                cause = f"r\x1f{stream}\x1f{rid}"  # record_cause()
+                ctx._cause = ctx._setter = cause
+                ctx._stream, ctx._produced = stream, 0
+                if timestamp < low_watermark:
+                    late += 1
+                    ctx._late = True
+                else:
+                    ctx._late = False
+                try:
+                    process_record(ctx, record)
+                    if flush_each:
+                        state.flush(plan.state_specs)
+                except Exception as error:
+                    raise _UserFailure(error, items=_positions(items, first, (delivery,)), segment=j) from error
+        finally:
+            metrics = self.metrics
+            metrics.records += records
+            metrics.duplicates += duplicates
+            metrics.late += late
 
     def deliver_batch(self, items: Sequence[Delivery], j: int, first: int) -> None:
         """process_records: the key's admitted records of one input point in one call."""
@@ -555,22 +582,23 @@ class KeyGroupExecutor:
         """Run one step: `deliveries` in input order (segment, then position), then due timers.
         `passthrough` are dead letters made before the computation (key extraction, malformed
         input): published with the step's productions."""
+        by_key: dict[str, list[Delivery]] = {}
+        for delivery in deliveries:
+            by_key.setdefault(delivery.key, []).append(delivery)
+        return self.step_keys(by_key, segments, wall_time, passthrough)
+
+    def step_keys(self, by_key: Mapping[str, Sequence[Delivery]], segments: Sequence[Segment], wall_time: int,
+                  passthrough: Sequence[Produced] = ()) -> StepResult:
+        """`step`, with the deliveries already grouped by key (each key's in input order)."""
         if not segments:
             raise ValueError("a step has at least one input point (a heartbeat: Segment(wm, wm))")
         with bulk_work():  # a step's many short-lived objects beside the key group's live data (garbage.py)
-            return self._step(deliveries, segments, wall_time, passthrough)
+            return self._step(by_key, segments, wall_time, passthrough)
 
-    def _step(self, deliveries: Iterable[Delivery], segments: Sequence[Segment], wall_time: int,
+    def _step(self, by_key: Mapping[str, Sequence[Delivery]], segments: Sequence[Segment], wall_time: int,
               passthrough: Sequence[Produced]) -> StepResult:
         self.advanced = [s.advanced_to for s in segments]
         self.keyed_advanced = {name: [s.keyed_after()[name] for s in segments] for name, _, _ in segments[0].keyed}
-        by_key: dict[str, list[Delivery]] = {}
-        for delivery in deliveries:
-            items = by_key.get(delivery[0])  # its key
-            if items is None:
-                by_key[delivery[0]] = [delivery]
-            else:
-                items.append(delivery)
         last = segments[-1].advanced_to
         keys = list(by_key)
         known = set(keys)

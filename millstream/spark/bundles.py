@@ -30,14 +30,28 @@ DeliveryItem = tuple[str, str, str, bytes, int, str, int, int, bool]
 _INPUT_ORDER = itemgetter(6, 7)
 
 
-def deliveries(items: list[DeliveryItem], codecs: dict[str, Any]) -> list[Delivery]:
-    """A key group's unpacked bundles as the executor's deliveries, in input order (point, then
-    position: Spark's shuffle delivers bundles in any order). `codecs`: each input stream's codec.
-    Sorts `items` in place."""
+def deliveries_by_key(items: list[DeliveryItem], codecs: dict[str, Any]) -> dict[str, list[Delivery]]:
+    """A key group's unpacked bundles as the executor's deliveries, per key in input order (point,
+    then position: Spark's shuffle delivers bundles in any order). `codecs`: each input stream's
+    codec. Sorts `items` in place.
+
+    >>> from millstream.model.codecs import DEFAULT_CODEC
+    >>> items = [("b", "s", "b", b"2", 20, "i2", 0, 2, True), ("a", "s", "a", b"1", 10, "i1", 0, 1, True),
+    ...          ("a", "s", "a", b"3", 30, "i3", 1, 0, True)]
+    >>> {key: [d.record.value for d in group] for key, group in deliveries_by_key(items, {"s": DEFAULT_CODEC}).items()}
+    {'a': [1, 3], 'b': [2]}
+    """
     items.sort(key=_INPUT_ORDER)
     new, encoded = tuple.__new__, Record.encoded
-    return [new(Delivery, (key, stream, encoded(rkey, value, codecs[stream], ts, rid), segment, dedup))
-            for key, stream, rkey, value, ts, rid, segment, _, dedup in items]
+    by_key: dict[str, list[Delivery]] = {}
+    for key, stream, rkey, value, ts, rid, segment, _, dedup in items:
+        delivery = new(Delivery, (key, stream, encoded(rkey, value, codecs[stream], ts, rid), segment, dedup))
+        group = by_key.get(key)
+        if group is None:
+            by_key[key] = [delivery]
+        else:
+            group.append(delivery)
+    return by_key
 
 
 def pack(items: Sequence[Any]) -> bytes:

@@ -34,7 +34,7 @@ from millstream.core.watermarks import Segment
 from millstream.model.computation import ComputationInfo
 from millstream.model.pipeline import DEAD_LETTERS
 from millstream.model.records import Record
-from millstream.spark.bundles import (BUNDLE_RECORDS, DeliveryItem, deliveries, pack, pack_production_columns,
+from millstream.spark.bundles import (BUNDLE_RECORDS, DeliveryItem, deliveries_by_key, pack, pack_production_columns,
                                       pack_productions, unpack, unpack_productions)
 from millstream.spark.errors import report_failure
 from millstream.spark.partitioning import GroupLabels
@@ -146,7 +146,8 @@ def step_bundles(plan: ComputationPlan, store: KeyStore, bundles: list[bytes], c
         items: list[DeliveryItem] = []
         for bundle in bundles:
             items.extend(unpack(bundle))
-        result = KeyGroupExecutor(plan, store).step(deliveries(items, codecs), segments, wall_time, rejected)
+        result = KeyGroupExecutor(plan, store).step_keys(deliveries_by_key(items, codecs), segments, wall_time,
+                                                           rejected)
         WORKER_GARBAGE.settle()
     return result
 
