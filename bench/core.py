@@ -42,6 +42,7 @@ import pstats
 import time
 from collections import Counter
 from functools import partial
+from typing import Protocol
 
 from bench.common import (RESULTS_DIR, STEADY_DEDUP_HORIZON_MS, BatchWindower, KeyedRecords, KeyedWatermark, Windower,
                           cli)
@@ -75,7 +76,15 @@ def bundles(keys: int, start: int, end: int, segment: int) -> dict[int, bytes]:
     return {g: pack(items) for g, items in groups.items()}
 
 
-def run_core(keys: int, total: int, batch: int, profiler: cProfile.Profile | None = None,
+class Meter(Protocol):
+    """What measures a run's timed part: a cProfile.Profile, or bench/instructions.py's counter."""
+
+    def enable(self) -> None: ...
+
+    def disable(self) -> None: ...
+
+
+def run_core(keys: int, total: int, batch: int, profiler: Meter | None = None,
              computation: type[Windower] = Windower) -> tuple[float, float, Counter]:
     """(CPU seconds, wall seconds, the windows as a multiset of (key, bucket, count, the batch it
     came out in)). With `profiler`, it profiles the timed part only."""
@@ -113,14 +122,16 @@ def run_core(keys: int, total: int, batch: int, profiler: cProfile.Profile | Non
     return cpu, wall, windows
 
 
-def run_plain(keys: int, total: int, batch: int) -> tuple[float, float, Counter]:
+def run_plain(keys: int, total: int, batch: int, profiler: Meter | None = None) -> tuple[float, float, Counter]:
     """The same windows (and the batch each comes out in) with a dict per key and one heap of
-    (bucket end, key): no framework."""
+    (bucket end, key): no framework. With `profiler`, it measures the timed part only."""
     make, watermark = KeyedRecords(keys), KeyedWatermark()
     records = [make(i) for i in range(total)]
     counts: dict[str, dict[int, int]] = {}
     heap: list[tuple[int, str]] = []
     out: list[tuple[str, int, int, int]] = []
+    if profiler is not None:
+        profiler.enable()
     started, started_wall = time.process_time(), time.perf_counter()
     for number, start in enumerate(range(0, total, batch)):
         end = min(total, start + batch)
@@ -135,7 +146,10 @@ def run_plain(keys: int, total: int, batch: int) -> tuple[float, float, Counter]
         while heap and heap[0][0] <= limit:
             at, key = heapq.heappop(heap)
             out.append((key, at - 1000, counts[key].pop(at - 1000), number))
-    return time.process_time() - started, time.perf_counter() - started_wall, Counter(out)
+    cpu, wall = time.process_time() - started, time.perf_counter() - started_wall
+    if profiler is not None:
+        profiler.disable()
+    return cpu, wall, Counter(out)
 
 
 class _ThinMap(dict):
@@ -169,12 +183,14 @@ class _ThinContext:
         self.out.append((record.key, DEFAULT_CODEC.encode(record.value)))
 
 
-def run_user_code_alone(keys: int, total: int, batch: int) -> tuple[float, float, Counter]:
+def run_user_code_alone(keys: int, total: int, batch: int,
+                        profiler: Meter | None = None) -> tuple[float, float, Counter]:
     """The Windower's own process_record and process_timer, called per record and per timer on
     records built beforehand, with a thin context (`_ThinContext`) organized as the core is: per key
     a dict of its timers and one heap entry for its earliest (stale entries skipped), a due key's
     timers fired in (time, tag) order. What the user's code costs with little around it; as the
-    core's steps, it runs with the collector held back (core/garbage.py)."""
+    core's steps, it runs with the collector held back (core/garbage.py). With `profiler`, it
+    measures the timed part only."""
     make, watermark = KeyedRecords(keys), KeyedWatermark()
     records = [make(i) for i in range(total)]
     windower = Windower()
@@ -185,6 +201,8 @@ def run_user_code_alone(keys: int, total: int, batch: int) -> tuple[float, float
     contexts: dict[str, _ThinContext] = {}
     # Timers built as the executor builds them: a tuple of Timer's fields, past NamedTuple's __new__.
     new_timer, low_watermark_domain = tuple.__new__, TimeDomain.LOW_WATERMARK
+    if profiler is not None:
+        profiler.enable()
     started, started_wall = time.process_time(), time.perf_counter()
     with bulk_work():
         for number, start in enumerate(range(0, total, batch)):
@@ -209,6 +227,8 @@ def run_user_code_alone(keys: int, total: int, batch: int) -> tuple[float, float
                     heapq.heappush(heap, (ctx.wake, key))
             batch_of_output.extend([number] * (len(out) - len(batch_of_output)))
     cpu, wall = time.process_time() - started, time.perf_counter() - started_wall
+    if profiler is not None:
+        profiler.disable()
     assert not any(ctx.timers for ctx in contexts.values()), "timers still pending at the end of the input"
     windows = Counter()
     for (key, encoded), number in zip(out, batch_of_output):

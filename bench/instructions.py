@@ -1,0 +1,99 @@
+"""Machine instructions per record of bench/core.py's runs, counted by valgrind's callgrind in each
+run's timed part only: a measure the machine's speed swings do not move.
+
+Timed runs on these shared machines swing by half from one hour to the next, and even side by side
+a run of one version against another differs by a few percent from noise alone: too much to tell
+whether a change to the core saved 1%. An instruction count is the same on every run of the same
+code and input (the hash seed is fixed), so a change's effect shows exactly, whatever the machine
+does meanwhile. Instructions are not time (a cache miss costs more than an add), so speed targets
+stay with bench/core.py; this is the yardstick for changes to the framework's per-record cost.
+
+Each run goes in a process of its own under `valgrind --tool=callgrind --instr-atstart=no`; the
+run's `profiler` hook switches counting on and off around its timed part (`callgrind_control -i`).
+The three runs of bench/core.py that matter here: the core, the Windower's own code alone (with a
+thin context) and the plain-CPython Windower. Core / user code alone is the framework's share.
+
+`python -m bench.instructions [--quick]` (results in bench/results/instructions.json); needs
+valgrind (Debian's `valgrind` package). Under callgrind Python runs ~50 times slower: the 400,000
+records (two of bench/core.py's 200,000-record batches: ~20 records per key per step, the second
+batch on stored state) take ~4 minutes for the core, the runs two at a time; --quick counts
+200,000 records (the first batch alone: no stored state yet).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+
+from bench.common import cli
+from millstream.spark.pacing import FIRST_BATCH_RECORDS
+
+RUNS = ("core", "user_code_alone", "plain")
+KEYS = 10_000
+BATCH = FIRST_BATCH_RECORDS  # bench/core.py's
+
+
+class CallgrindToggle:
+    """Switches callgrind's counting on and off for this process (run_core's `profiler` hook)."""
+
+    def enable(self) -> None:
+        self._control("on")
+
+    def disable(self) -> None:
+        self._control("off")
+
+    @staticmethod
+    def _control(state: str) -> None:
+        subprocess.run(["callgrind_control", "-i", state, str(os.getpid())], check=True, capture_output=True)
+
+
+def _child(run: str, records: int) -> None:
+    """Runs one of bench/core.py's runs with counting on in its timed part (inside valgrind)."""
+    from bench import core
+
+    runner = {"core": core.run_core, "user_code_alone": core.run_user_code_alone, "plain": core.run_plain}[run]
+    runner(KEYS, records, BATCH, CallgrindToggle())
+
+
+def count(run: str, records: int) -> int:
+    """Instructions in `run`'s timed part, over `records` records."""
+    with tempfile.TemporaryDirectory(prefix="millstream-callgrind-") as scratch:
+        out = os.path.join(scratch, "callgrind.out")
+        env = dict(os.environ, PYTHONHASHSEED="0")
+        done = subprocess.run(["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}",
+                               sys.executable, "-m", "bench.instructions", "--child", run, str(records)],
+                              capture_output=True, text=True, env=env)
+        found = re.search(r"Collected : (\d+)", done.stderr)
+        if done.returncode != 0 or found is None:
+            raise RuntimeError(f"callgrind run of {run!r} failed (exit {done.returncode}):\n{done.stderr[-2000:]}")
+        return int(found.group(1))
+
+
+def main(quick: bool) -> dict:
+    records = 2 * BATCH if not quick else BATCH
+    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+        raise SystemExit("bench.instructions needs valgrind (apt-get install valgrind)")
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        counts = dict(zip(RUNS, pool.map(lambda run: count(run, records), RUNS)))
+    per_record = {run: round(n / records) for run, n in counts.items()}
+    result = {"records": records, "keys": KEYS, "batch": BATCH, "instructions_per_record": per_record,
+              "core_vs_user_code_alone": round(counts["user_code_alone"] / counts["core"], 3),
+              "core_vs_plain": round(counts["plain"] / counts["core"], 3),
+              "framework_per_record": per_record["core"] - per_record["user_code_alone"]}
+    print(f"[instructions] {records:,} records, {KEYS:,} keys, {BATCH:,}-record batches, per record: core "
+          f"{per_record['core']:,}, the user code alone {per_record['user_code_alone']:,}, plain CPython "
+          f"{per_record['plain']:,}; core / user code alone = {result['core_vs_user_code_alone']} (the framework: "
+          f"{result['framework_per_record']:,} per record), core / plain = {result['core_vs_plain']}", flush=True)
+    return result
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--child"]:  # inside valgrind: one run (see `count`)
+        _child(sys.argv[2], int(sys.argv[3]))
+    else:
+        cli("instructions", main)
