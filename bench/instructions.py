@@ -3,9 +3,10 @@ run's timed part only: a measure the machine's speed swings do not move.
 
 Timed runs on these shared machines swing by half from one hour to the next, and even side by side
 a run of one version against another differs by a few percent from noise alone: too much to tell
-whether a change to the core saved 1%. An instruction count is the same on every run of the same
-code and input (the hash seed is fixed), so a change's effect shows exactly, whatever the machine
-does meanwhile. Instructions are not time (a cache miss costs more than an add), so speed targets
+whether a change to the core saved 1%. An instruction count of the same code and input is the
+same on every run to within ~0.01% (the hash seed is fixed; what is left comes from memory
+addresses, which differ from run to run), so a change's effect shows, whatever the machine does
+meanwhile. Instructions are not time (a cache miss costs more than an add), so speed targets
 stay with bench/core.py; this is the yardstick for changes to the framework's per-record cost.
 
 Each run goes in a process of its own under `valgrind --tool=callgrind --instr-atstart=no`; the
