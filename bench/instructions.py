@@ -35,12 +35,16 @@ from bench.common import cli
 from millstream.spark.pacing import FIRST_BATCH_RECORDS
 
 RUNS = ("core", "user_code_alone", "plain")
+REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # where `bench` imports from
+CHILD_TIMEOUT_S = 3_600  # a run stuck (callgrind_control unanswered) fails rather than hangs
 KEYS = 10_000
 BATCH = FIRST_BATCH_RECORDS  # bench/core.py's
 
 
 class CallgrindToggle:
-    """Switches callgrind's counting on and off for this process (run_core's `profiler` hook)."""
+    """Switches callgrind's counting on and off for this process (the runs' `profiler` hook). What
+    the switching itself runs in between (the end of one `callgrind_control` call, the start of the
+    other) is counted too: a constant, the same for every version."""
 
     def enable(self) -> None:
         self._control("on")
@@ -57,18 +61,20 @@ def _child(run: str, records: int) -> None:
     """Runs one of bench/core.py's runs with counting on in its timed part (inside valgrind)."""
     from bench import core
 
-    runner = {"core": core.run_core, "user_code_alone": core.run_user_code_alone, "plain": core.run_plain}[run]
-    runner(KEYS, records, BATCH, CallgrindToggle())
+    runners = {"core": core.run_core, "user_code_alone": core.run_user_code_alone, "plain": core.run_plain}
+    runners[run](KEYS, records, BATCH, CallgrindToggle())
 
 
 def count(run: str, records: int) -> int:
-    """Instructions in `run`'s timed part, over `records` records."""
+    """Instructions in `run`'s timed part (one of RUNS), over `records` records."""
+    if run not in RUNS:
+        raise ValueError(f"no run {run!r}; the runs: {', '.join(RUNS)}")
     with tempfile.TemporaryDirectory(prefix="millstream-callgrind-") as scratch:
         out = os.path.join(scratch, "callgrind.out")
         env = dict(os.environ, PYTHONHASHSEED="0")
         done = subprocess.run(["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}",
                                sys.executable, "-m", "bench.instructions", "--child", run, str(records)],
-                              capture_output=True, text=True, env=env)
+                              capture_output=True, text=True, env=env, cwd=REPOSITORY, timeout=CHILD_TIMEOUT_S)
         found = re.search(r"Collected : (\d+)", done.stderr)
         if done.returncode != 0 or found is None:
             raise RuntimeError(f"callgrind run of {run!r} failed (exit {done.returncode}):\n{done.stderr[-2000:]}")
@@ -82,6 +88,7 @@ def main(quick: bool) -> dict:
     with ThreadPoolExecutor(max_workers=2) as pool:
         counts = dict(zip(RUNS, pool.map(lambda run: count(run, records), RUNS)))
     per_record = {run: round(n / records) for run, n in counts.items()}
+    # Ratios as bench/core.py's speed ratios: the other run's instructions / the core's.
     result = {"records": records, "keys": KEYS, "batch": BATCH, "instructions_per_record": per_record,
               "core_vs_user_code_alone": round(counts["user_code_alone"] / counts["core"], 3),
               "core_vs_plain": round(counts["plain"] / counts["core"], 3),

@@ -559,6 +559,22 @@ class BatchTally(Tally):
 
 
 @pytest.mark.parametrize("computation", [Tally, BatchTally])
+def test_a_rerun_without_a_failing_record_counts_only_what_reached_user_code(computation):
+    # One key, one point: a late record, a failing one, a duplicate of the first, one more. The
+    # key's step runs again without the failing record (per record) or without the records of the
+    # point's failed call (batched: the first copy of r1 is among them, so its second copy is no
+    # duplicate in the rerun): the metrics count the run that stood, not the one that failed.
+    deliveries = [deliver("k", "ok-late", 50, "r1"), deliver("k", "bad", 150, "r2"),
+                  deliver("k", "ok-again", 150, "r1"), deliver("k", "ok-last", 160, "r3")]
+    ex = make_executor(computation(), on_error="dead_letter")
+    metrics = step(ex, deliveries, 100, 0).metrics
+    records, duplicates, late = (2, 1, 1) if computation is Tally else (1, 0, 0)
+    dead_letters = 1 if computation is Tally else 3
+    assert (metrics.records, metrics.duplicates, metrics.late, metrics.dead_letters) == (
+        records, duplicates, late, dead_letters)
+
+
+@pytest.mark.parametrize("computation", [Tally, BatchTally])
 def test_dead_letters_name_the_failing_records_of_every_input_point_and_leave_no_trace(computation):
     # Four input points in one step; each key's failures sit at various positions of later points.
     rng = random.Random(5)

@@ -1,6 +1,7 @@
 """Per-key invocation for one key group (key interval) of a computation: the semantic core.
 
-Both runners drive a computation only through `KeyGroupExecutor.step`: the harness with an
+Both runners drive a computation only through `KeyGroupExecutor.step` (the Spark runner through
+`step_keys`, the same step given the deliveries already grouped by key): the harness with an
 in-memory store, the Spark runner with a store whose truth is Spark's state store. A step receives
 its input points (`Segment`s, see watermarks.py) and the deliveries of each, in input order, and runs
 every key as if the input points came one at a time:
@@ -365,7 +366,7 @@ class _KeyStep:
         """The key's deliveries in input order. A delivery is known by its position in `items` (the
         same list in every run of the key's step): what failed, and what a rerun skips."""
         plan, state, segments = self.plan, self.state, self.segments
-        deliver = self.deliver_batch if plan.batched else self.deliver_each
+        deliver = self.deliver
         position, count = 0, len(items)
         if len(segments) == 1 and count:  # one input point (the common step): no runs to find
             deliver(items, 0, 0)
@@ -389,40 +390,12 @@ class _KeyStep:
             raise _StateFlushFailed(str(error)) from error
         state.end_step()
 
-    def admitted(self, items: Sequence[Delivery], j: int, first: int) -> list[Delivery]:
+    def deliver(self, items: Sequence[Delivery], j: int, first: int) -> None:
         """The key's records of input point j (`items`, from position `first` of the key's) that
-        reach user code: neither skipped (dead-lettered in an earlier run of this step) nor
-        duplicates of injected records already seen. Counts records, duplicates and late records."""
-        low_watermark, advanced = self.segments[j][:2]
-        skip, seen, seen_before = self.skip_items, self.seen, self.seen_before
-        if skip:
-            items = [delivery for position, delivery in enumerate(items, first) if position not in skip]
-        admitted: list[Delivery] = []
-        late = duplicates = 0
-        for delivery in items:
-            record = delivery.record
-            timestamp = record.timestamp
-            if delivery.dedup:
-                rid = record.id
-                if rid in seen or rid in seen_before:
-                    duplicates += 1
-                    continue
-                # Kept until the watermark has moved a horizon past the later of the point's
-                # advanced watermark and the record's time: never forgotten in the step that read it.
-                seen[rid] = advanced if advanced > timestamp else timestamp
-            late += timestamp < low_watermark
-            admitted.append(delivery)
-        metrics = self.metrics
-        metrics.records += len(admitted)
-        metrics.duplicates += duplicates
-        metrics.late += late
-        return admitted
-
-    def deliver_each(self, items: Sequence[Delivery], j: int, first: int) -> None:
-        """process_record for each of the key's records of input point j that is admitted (see
-        `admitted`, inlined here with _begin: this is the per-record hot path). Admitting a record
-        as it comes, rather than the point's records first, admits the same ones: a failure
-        discards the whole run of the key's step."""
+        reach user code, one by one to process_record, or (plan.batched) together to
+        process_records: those neither skipped (dead-lettered in an earlier run of this step) nor
+        duplicates of injected records already seen. Counts records, duplicates and late records.
+        (_begin inlined: this is the per-record hot path.)"""
         state, ctx, plan = self.state, self.ctx, self.plan
         process_record = plan.computation.process_record
         low_watermark, advanced, inputs = self.segments[j][:3]
@@ -434,52 +407,49 @@ class _KeyStep:
         skip = self.skip_items
         chosen = [delivery for position, delivery in enumerate(items, first) if position not in skip] if skip \
             else items
-        records = late = duplicates = 0
-        try:
-            for delivery in chosen:
-                _, stream, record, _, dedup = delivery
-                timestamp = record.timestamp
-                if dedup:
-                    rid = record.id
-                    if rid in seen or rid in seen_before:
-                        duplicates += 1
-                        continue
-                    seen[rid] = advanced if advanced > timestamp else timestamp
-                else:
-                    rid = record.id
-                records += 1
-                cause = f"r\x1f{stream}\x1f{rid}"  # record_cause()
-                ctx._cause = ctx._setter = cause
-                ctx._stream, ctx._produced = stream, 0
-                if timestamp < low_watermark:
-                    late += 1
-                    ctx._late = True
-                else:
-                    ctx._late = False
-                try:
-                    process_record(ctx, record)
-                    if flush_each:
-                        state.flush(plan.state_specs)
-                except Exception as error:
-                    raise _UserFailure(error, items=_positions(items, first, (delivery,)), segment=j) from error
-        finally:
-            metrics = self.metrics
-            metrics.records += records
-            metrics.duplicates += duplicates
-            metrics.late += late
+        batch: list[Delivery] | None = [] if plan.batched else None
+        records = late = duplicates = 0  # counted in this key's run (a failure discards the run's metrics)
+        for delivery in chosen:
+            _, stream, record, _, dedup = delivery
+            timestamp, rid = record.timestamp, record.id
+            if dedup:
+                if rid in seen or rid in seen_before:
+                    duplicates += 1
+                    continue
+                # Kept until the watermark has moved a horizon past the later of the point's
+                # advanced watermark and the record's time: never forgotten in the step that read it.
+                seen[rid] = advanced if advanced > timestamp else timestamp
+            records += 1
+            late_record = timestamp < low_watermark
+            late += late_record
+            if batch is not None:
+                batch.append(delivery)
+                continue
+            cause = f"r\x1f{stream}\x1f{rid}"  # record_cause()
+            ctx._cause = ctx._setter = cause
+            ctx._stream, ctx._late, ctx._produced = stream, late_record, 0
+            try:
+                process_record(ctx, record)
+                if flush_each:
+                    state.flush(plan.state_specs)
+            except Exception as error:
+                raise _UserFailure(error, items=_positions(items, first, (delivery,)), segment=j) from error
+        metrics = self.metrics
+        metrics.records += records
+        metrics.duplicates += duplicates
+        metrics.late += late
+        if batch:
+            self.deliver_batch(batch, items, j, first)
 
-    def deliver_batch(self, items: Sequence[Delivery], j: int, first: int) -> None:
-        """process_records: the key's admitted records of one input point in one call."""
-        admitted = self.admitted(items, j, first)
-        if not admitted:
-            return
+    def deliver_batch(self, admitted: list[Delivery], items: Sequence[Delivery], j: int, first: int) -> None:
+        """process_records: the key's admitted records of input point j in one call (`items`, from
+        position `first`, are all the key's records of the point: failures name positions in them)."""
         low_watermark, advanced, inputs = self.segments[j][:3]
         head = admitted[0]
-        records = [delivery.record for delivery in admitted]
         cause = record_cause(head.stream, head.record.id)
         self.ctx._begin(cause, cause, head.stream, False, low_watermark, j, advanced, inputs)
         try:
-            self.plan.computation.process_records(self.ctx, records)
+            self.plan.computation.process_records(self.ctx, [delivery.record for delivery in admitted])
             if self.flush_each:
                 self.state.flush(self.plan.state_specs)
         except Exception as error:
