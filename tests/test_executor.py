@@ -163,6 +163,26 @@ def test_timer_set_from_process_timer_behind_watermark_fires_in_the_same_step():
     assert [(t, tag) for _, t, tag, *_ in comp.log] == [(10, "c3"), (17, "c2"), (24, "c1"), (31, "c0")]
 
 
+def test_a_timer_set_at_a_later_input_point_fires_there_not_at_an_earlier_one():
+    # Four input points in one step; point j fires timers by 100 j + 99. Key "a" sets timers behind
+    # every watermark at points 1, 2 and 3 (one tag twice); key "b" sets one at
+    # point 0. As if the points came one at a time, each fires at the point it was set in: with that
+    # point's watermark, and its productions belong to that point.
+    comp = TimerScript()
+    ex = make_executor(comp)
+    segments = [Segment(100 * j, 100 * j + 99) for j in range(4)]
+    deliveries = [Delivery("b", "in", Record("b", [["set", "early", 5, "low_watermark"]], 10, "b0"), 0, True),
+                  Delivery("a", "in", Record("a", [["set", "x", 50, "low_watermark"]], 150, "a1"), 1, True),
+                  Delivery("a", "in", Record("a", [["set", "y", 40, "low_watermark"],
+                                                   ["set", "z", 60, "low_watermark"]], 250, "a2"), 2, True),
+                  Delivery("a", "in", Record("a", [["set", "z", 30, "low_watermark"]], 350, "a3"), 3, True)]
+    ex.step(deliveries, segments, 0)
+    # (key, time, tag, the low watermark the firing saw): "z" fires at point 2 as set there, then again
+    # at point 3 as set again there.
+    assert sorted((key, time, tag, low_watermark) for key, time, tag, _, low_watermark, _ in comp.log) == [
+        ("a", 30, "z", 399), ("a", 40, "y", 299), ("a", 50, "x", 199), ("a", 60, "z", 299), ("b", 5, "early", 99)]
+
+
 def test_delete_timer_cancels_in_the_same_step_and_across_steps():
     comp = TimerScript()
     ex = make_executor(comp)

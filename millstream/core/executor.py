@@ -137,13 +137,21 @@ class _Invocation:
 
     __slots__ = ("_plan", "_state", "_key", "_low_watermark", "_wall_time", "_late", "_stream",
                  "_cause", "_setter", "_produced", "_out", "_segment", "_handles", "_order", "_advanced",
-                 "_inputs", "_after", "_by_spec", "_name", "_codecs", "_segments", "_last_spec", "_last_handle")
+                 "_inputs", "_after", "_by_spec", "_name", "_codecs", "_segments", "_last_spec", "_last_handle",
+                 "_timers", "timer_changes", "set_at")
 
     def __init__(self, plan: ComputationPlan, state: KeyState, key: str, wall_time: int, out: list[ProductionRow],
                  segments: Sequence[Segment] = ()) -> None:
         self._plan = plan
         self._segments = segments  # the step's input points (keyed watermarks are read from them)
         self._state = state
+        self._timers = state.timers  # the key's pending timers (KeyState.timers: tag -> their fields)
+        # Changes to the key's timers by user code (set, deleted, cleared): firing takes their order
+        # again when it moves.
+        self.timer_changes = 0
+        # tag -> the input point a timer was set in, for timers set this step after the first point:
+        # such a timer does not fire at an earlier point (see _KeyStep.timer_point).
+        self.set_at: dict[str, int] = {}
         self._key = key
         self._wall_time = wall_time
         self._out = out
@@ -256,7 +264,12 @@ class _Invocation:
         setter = self._setter
         if setter is None:  # a timer firing sets a timer: its identity, hashed to stay bounded
             setter = self._setter = timer_setter(self._cause)
-        self._state.set_timer(tag, time, wall, setter, self._segment, watermark or "")
+        self._timers[tag] = (time, wall, setter, watermark or "")
+        self.timer_changes += 1
+        if self._segment:  # in the first point there is no earlier one to keep it from
+            self.set_at[tag] = self._segment
+        elif self.set_at:  # set again at point 0 (a keyed timer's point can run ahead of the next firing's)
+            self.set_at.pop(tag, None)
 
     def _check_watermark_key(self, tag: str, watermark: str, wall: bool) -> None:
         if wall:
@@ -278,7 +291,8 @@ class _Invocation:
             raise ComputationError(f"{self._plan.name}: timer {tag!r} time {time} is out of range")
 
     def delete_timer(self, tag: str) -> None:
-        self._state.delete_timer(tag)
+        if self._timers.pop(tag, None) is not None:
+            self.timer_changes += 1
 
     def produce(self, record: Record[Any], stream: str) -> None:
         codec = self._codecs.get(stream)
@@ -315,6 +329,7 @@ class _Invocation:
 
     def clear(self) -> None:
         self._state.clear()
+        self.timer_changes += 1
 
     def _wrote(self, spec: StateSpec) -> None:
         # Counted from the watermark once this input point is processed: a value written in the very
@@ -485,7 +500,7 @@ class _KeyStep:
                                               keyed_at.get(timer[3], BEGINNING_OF_TIME) if timer[3] else lw)])
                 if not due:
                     return
-                version = state.timer_version
+                version = ctx.timer_changes
                 for _, tag in due:
                     if fired >= MAX_TIMER_FIRINGS_PER_STEP:
                         raise ComputationError(
@@ -514,7 +529,7 @@ class _KeyStep:
                             state.flush(plan.state_specs)
                     except Exception as error:
                         raise _UserFailure(error, timer=(tag, time, setter), segment=point) from error
-                    if state.timer_version != version:
+                    if ctx.timer_changes != version:
                         break  # user code changed the key's timers: take the order again
                 else:
                     return
@@ -526,7 +541,7 @@ class _KeyStep:
         """The input point a low-watermark firing belongs to: the first one whose advanced watermark
         (the timer's keyed watermark, for a keyed timer) reached the timer, but not before the point
         in which the timer was set. (Wall-time firings belong to the step's last point.)"""
-        earliest = self.state.earliest_boundary(tag)
+        earliest = self.ctx.set_at.get(tag, 0)
         advanced = self.keyed_advanced[watermark_key] if watermark_key else self.advanced
         return min(boundary, max(earliest, bisect.bisect_left(advanced, time)))
 

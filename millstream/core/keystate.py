@@ -40,15 +40,15 @@ class PendingTimer(NamedTuple):
 class KeyState:
     """One key's persisted data plus the values decoded during the current step."""
 
-    __slots__ = ("values", "written", "timers", "timer_version", "_live", "_boundary")
+    __slots__ = ("values", "written", "timers", "_live")
 
     def __init__(self) -> None:
         self.values: dict[str, Any] = {}  # state name -> bytes | list[bytes] | dict[bytes, bytes]
         self.written: dict[str, int] = {}  # state name -> watermark at its last write (TTL'd states)
-        self.timers: dict[str, tuple[int, bool, str, str]] = {}  # tag -> a PendingTimer's fields
-        self.timer_version = 0  # counts changes to `timers` by user code (set, delete, clear)
+        # tag -> a PendingTimer's fields. The executor sets timers in it directly (it is the per-record
+        # path) and keeps the step's own timer bookkeeping: changes while firing, input points.
+        self.timers: dict[str, tuple[int, bool, str, str]] = {}
         self._live: dict[str, Any] = {}  # state name -> cell decoded this step
-        self._boundary: dict[str, int] = {}  # tag -> first boundary a timer set this step may fire at
 
     # -- persistence ---------------------------------------------------------------------------
     def dumps(self) -> bytes:
@@ -101,7 +101,6 @@ class KeyState:
         self.values.clear()
         self.written.clear()
         self.timers.clear()
-        self.timer_version += 1
         for cell in self._live.values():
             cell.clear()
 
@@ -128,24 +127,10 @@ class KeyState:
                 self.values[name] = encoded
 
     def end_step(self) -> None:
-        """Forget the step's cells and timer boundaries (after the last flush of a step)."""
+        """Forget the step's cells (after the last flush of a step)."""
         self._live.clear()
-        self._boundary.clear()
 
     # -- timers --------------------------------------------------------------------------------
-    def set_timer(self, tag: str, time: int, wall: bool, setter: str, boundary: int, watermark: str = "") -> None:
-        self.timers[tag] = (time, wall, setter, watermark)
-        self._boundary[tag] = boundary
-        self.timer_version += 1
-
-    def delete_timer(self, tag: str) -> None:
-        if self.timers.pop(tag, None) is not None:
-            self.timer_version += 1
-
-    def earliest_boundary(self, tag: str) -> int:
-        """The first boundary of this step a timer may fire at (0 for timers from earlier steps)."""
-        return self._boundary.get(tag, 0)
-
     def wake_times(self, ttls: dict[str, int]) -> tuple[int | None, int | None, dict[str, int]]:
         """(low-watermark time, wall time, per watermark key its time) at which this key next has
         work: a user timer or an expiring state value."""
