@@ -423,7 +423,7 @@ class _KeyStep:
         chosen = [delivery for position, delivery in enumerate(items, first) if position not in skip] if skip \
             else items
         batch: list[Delivery] | None = [] if plan.batched else None
-        records = late = duplicates = 0  # counted in this key's run (a failure discards the run's metrics)
+        late = duplicates = 0  # counted in this key's run (a failure discards the run's metrics)
         for delivery in chosen:
             _, stream, record, _, dedup = delivery
             timestamp, rid = record.timestamp, record.id
@@ -434,9 +434,9 @@ class _KeyStep:
                 # Kept until the watermark has moved a horizon past the later of the point's
                 # advanced watermark and the record's time: never forgotten in the step that read it.
                 seen[rid] = advanced if advanced > timestamp else timestamp
-            records += 1
             late_record = timestamp < low_watermark
-            late += late_record
+            if late_record:
+                late += 1
             if batch is not None:
                 batch.append(delivery)
                 continue
@@ -450,7 +450,7 @@ class _KeyStep:
             except Exception as error:
                 raise _UserFailure(error, items=_positions(items, first, (delivery,)), segment=j) from error
         metrics = self.metrics
-        metrics.records += records
+        metrics.records += len(chosen) - duplicates
         metrics.duplicates += duplicates
         metrics.late += late
         if batch:
@@ -491,7 +491,8 @@ class _KeyStep:
         # the input point a firing belongs to are set when the point changes.
         ctx._stream, ctx._late, ctx._after = None, False, True
         current = -1
-        fired, counted = self.firings, 0
+        fired = self.firings
+        skipped = 0  # firings dead-lettered in an earlier run of this step: not counted
         try:
             while True:
                 timers = state.timers
@@ -513,8 +514,8 @@ class _KeyStep:
                     point = boundary if (wall_timer or single) else self.timer_point(tag, time, boundary,
                                                                                      watermark_key)
                     if skip and (tag, time, setter) in skip:
+                        skipped += 1
                         continue
-                    counted += 1
                     if point != current:
                         current = point
                         at = segments[point].advanced_to
@@ -534,8 +535,8 @@ class _KeyStep:
                 else:
                     return
         finally:
+            self.metrics.timers_fired += fired - self.firings - skipped
             self.firings = fired
-            self.metrics.timers_fired += counted
 
     def timer_point(self, tag: str, time: int, boundary: int, watermark_key: str = "") -> int:
         """The input point a low-watermark firing belongs to: the first one whose advanced watermark
