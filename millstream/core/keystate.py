@@ -325,16 +325,19 @@ class MapCell:
             return _ABSENT
         stored = self.stored  # owned by the KeyState; a failed step reloads the key from its blob
         value_codec, encode_key = self.spec.value_codec, self._encode_key
-        # Removed entries stay in `live` as removed (what get, contains and iteration read there):
-        # removing one again in a later flush of the step finds nothing to remove.
+        removed = []
         for key, value in self.live.items():
             if value is not _REMOVED:
                 stored[encode_key(key)] = value_codec.encode(value)
-            elif stored:  # else nothing to remove: the entry was put and removed within the step
+                continue
+            removed.append(key)
+            if stored:  # else nothing to remove: the entry was put and removed within the step
                 try:
                     stored.pop(encode_key(key), None)
                 except CodecError:
                     pass  # a key the codec refuses was never stored
+        for key in removed:
+            del self.live[key]
         return stored or None
 
 
