@@ -165,9 +165,8 @@ def test_timer_set_from_process_timer_behind_watermark_fires_in_the_same_step():
 
 def test_a_timer_set_at_a_later_input_point_fires_there_not_at_an_earlier_one():
     # Four input points in one step; point j fires timers by 100 j + 99. Key "a" sets timers behind
-    # every watermark at points 1, 2 and 3 (one tag twice); key "b" sets one at
-    # point 0. As if the points came one at a time, each fires at the point it was set in: with that
-    # point's watermark, and its productions belong to that point.
+    # every watermark at points 1, 2 and 3 (one tag twice); key "b" sets one at point 0. As if the
+    # points came one at a time, each fires at the point it was set in, seeing that point's watermark.
     comp = TimerScript()
     ex = make_executor(comp)
     segments = [Segment(100 * j, 100 * j + 99) for j in range(4)]
