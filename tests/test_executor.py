@@ -182,6 +182,53 @@ def test_a_timer_set_at_a_later_input_point_fires_there_not_at_an_earlier_one():
         ("a", 30, "z", 399), ("a", 40, "y", 299), ("a", 50, "x", 199), ("a", 60, "z", 299), ("b", 5, "early", 99)]
 
 
+class _OrderLog(Computation):
+    """Logs (tag, time, the low watermark seen) per firing. "A" sets X far ahead; "B" sets X behind
+    every watermark."""
+
+    def __init__(self) -> None:
+        self.log: list[tuple[str, int, int]] = []
+
+    def process_record(self, ctx, record):
+        for tag, time, domain, watermark in record.value:
+            ctx.set_timer(tag, time, TimeDomain(domain), watermark=watermark)
+
+    def process_timer(self, ctx, timer):
+        self.log.append((timer.tag, timer.time, ctx.low_watermark))
+        if timer.tag == "A":
+            ctx.set_timer("X", 10**6)
+        if timer.tag == "B":
+            ctx.set_timer("X", 5)
+
+
+def test_timers_of_a_multi_point_step_fire_point_by_point_not_by_time_alone():
+    # Three input points: the low watermark reaches 10, 20, 300; the keyed watermark "ship" reaches
+    # 1000 at the first. B@500 follows "ship" (due at point 0), A@100 the low watermark (due at point
+    # 2). As if the points came one at a time: B fires at point 0 and sets X@5, which fires there too;
+    # A fires at point 2 and sets X far ahead, where it stays pending. By time alone A would fire first
+    # and B's X@5 would replace the X that A set.
+    comp = _OrderLog()
+    pipeline = Pipeline("p").add_injector("src", ScriptedInjector("src", [], watermark_keys=("ship",)), "in")
+    pipeline.add_computation("comp", comp, ["in"], ["out"])
+    ex = KeyGroupExecutor(plan_computation(pipeline, "comp", key_groups=1), MemoryKeyStore())
+    ops = [("A", 100, "low_watermark", None), ("B", 500, "low_watermark", "ship")]
+    ex.step([Delivery("k", "in", Record("k", ops, 0, "r0"), 0, True)], [Segment(0, 0, (), False, (("ship", 0, 0),))], 0)
+    ex.step([], [Segment(0, 10, (), False, (("ship", 0, 1000),)), Segment(10, 20, (), False, (("ship", 1000, 1000),)),
+                 Segment(20, 300, (), False, (("ship", 1000, 1000),))], 0)
+    assert comp.log == [("B", 500, 10), ("X", 5, 10), ("A", 100, 300)]
+    assert pending(ex) == (10**6, None)
+
+
+def test_in_a_multi_point_step_low_watermark_timers_of_earlier_points_fire_before_wall_timers():
+    # Wall-time firings belong to the step's last point: a low-watermark timer due at an earlier point
+    # fires first, whatever the two times (they are on different clocks).
+    comp = TimerScript()
+    ex = make_executor(comp)
+    step(ex, [deliver("k", [["set", "w", 0, "wall_time"], ["set", "l", 150, "low_watermark"]])], 0, -1)
+    ex.step([], [Segment(0, 99), Segment(99, 199), Segment(199, 299)], 10)
+    assert [(tag, low_watermark) for _, _, tag, _, low_watermark, _ in comp.log] == [("l", 199), ("w", 299)]
+
+
 def test_delete_timer_cancels_in_the_same_step_and_across_steps():
     comp = TimerScript()
     ex = make_executor(comp)

@@ -266,10 +266,8 @@ class _Invocation:
             setter = self._setter = timer_setter(self._cause)
         self._timers[tag] = (time, wall, setter, watermark or "")
         self.timer_changes += 1
-        if self._segment:  # in the first point there is no earlier one to keep it from
-            self.set_at[tag] = self._segment
-        elif self.set_at:  # set again at point 0 (a keyed timer's point can run ahead of the next firing's)
-            self.set_at.pop(tag, None)
+        if self._segment:  # in the first point there is no earlier one to keep it from (and points
+            self.set_at[tag] = self._segment  # only move forward: nothing is set at 0 after a later one)
 
     def _check_watermark_key(self, tag: str, watermark: str, wall: bool) -> None:
         if wall:
@@ -471,8 +469,8 @@ class _KeyStep:
             raise _UserFailure(error, items=_positions(items, first, admitted), segment=j) from error
 
     def fire(self, low_watermark: int, boundary: int, wall: bool = False) -> None:
-        """Fire the key's timers due by `low_watermark` (and by the wall clock, with `wall`) in
-        (time, tag) order, each tagged with the input point it belongs to (timer_point).
+        """Fire the key's timers due by `low_watermark` (and by the wall clock, with `wall`), each
+        at the input point it belongs to (timer_point), in (point, time, tag) order.
 
         The due timers are sorted once; the order is taken again only when user code changed the
         key's timers (set, deleted, cleared) while they fire."""
@@ -496,13 +494,18 @@ class _KeyStep:
         try:
             while True:
                 timers = state.timers
-                due = sorted([(timer[0], tag) for tag, timer in timers.items()
-                              if timer[0] <= (wall_time if timer[1] else
-                                              keyed_at.get(timer[3], BEGINNING_OF_TIME) if timer[3] else lw)])
+                ready = ((tag, timer) for tag, timer in timers.items()
+                         if timer[0] <= (wall_time if timer[1] else
+                                         keyed_at.get(timer[3], BEGINNING_OF_TIME) if timer[3] else lw))
+                # (point, time, tag): as if the points came one at a time, a point's timers fire
+                # before a later point's, whatever their times.
+                due = sorted([(boundary, timer[0], tag) for tag, timer in ready] if single else
+                             [(boundary if timer[1] else self.timer_point(tag, timer[0], boundary, timer[3]),
+                               timer[0], tag) for tag, timer in ready])
                 if not due:
                     return
                 version = ctx.timer_changes
-                for _, tag in due:
+                for point, _, tag in due:
                     if fired >= MAX_TIMER_FIRINGS_PER_STEP:
                         raise ComputationError(
                             f"computation {plan.name!r}, key {key!r}: more than {MAX_TIMER_FIRINGS_PER_STEP} "
@@ -511,8 +514,6 @@ class _KeyStep:
                         )
                     fired += 1
                     time, wall_timer, setter, watermark_key = timers.pop(tag)
-                    point = boundary if (wall_timer or single) else self.timer_point(tag, time, boundary,
-                                                                                     watermark_key)
                     if skip and (tag, time, setter) in skip:
                         skipped += 1
                         continue
