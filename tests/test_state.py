@@ -219,6 +219,26 @@ def test_clear_then_write_in_the_same_step_keeps_only_the_new_data():
     assert state["l_json"] == ["fresh"] and state["m_json"] == {"only": 1} and state["v_json"] == "new"
 
 
+def test_write_then_clear_in_the_same_step_leaves_nothing_of_either():
+    # Entries put in the step that clears, before the clear, go too: in a map stored before (a new
+    # entry beside the stored ones) and in one that was never stored.
+    def write_then_clear(ctx, c):
+        write_all(ctx, c)
+        ctx.state(c.m_json).put("new", 2)
+        for spec in (c.v_json, c.l_json, c.m_json, c.m_mixed):
+            ctx.state(spec).clear()
+        return read_all(ctx, c)
+
+    comp = Scripted({"write": write_all, "write_then_clear": write_then_clear, "read": read_all})
+    h = harness_for(comp)
+    run(h, ("stored", "write"))
+    run(h, ("stored", "write_then_clear"), ("fresh", "write_then_clear"))
+    for key in ("stored", "fresh"):
+        seen = results(comp, "write_then_clear")[key]
+        assert (seen["v_json"], seen["l_json"], seen["m_json"], seen["m_mixed"]) == (None, [], {}, {}), key
+        assert not {"v_json", "l_json", "m_json", "m_mixed"} & set(h.state("c", key)), key
+
+
 def test_in_place_mutation_is_persisted_and_mutable_defaults_are_not_shared():
     def mutate(ctx, c):
         ctx.state(c.v_mutable).get().append(ctx.key)
@@ -360,6 +380,9 @@ def test_randomized_state_operations_match_a_plain_model(seed):
         elif kind == "clear_value":
             ctx.state(c.v_counter).clear()
             mine["v"] = 0
+        elif kind == "clear_map":  # also entries put earlier in the same step, never stored yet
+            ctx.state(c.m_json).clear()
+            mine["m"] = {}
         return None
 
     comp = Scripted({"apply": apply})
@@ -369,7 +392,7 @@ def test_randomized_state_operations_match_a_plain_model(seed):
     for _ in range(30):
         batch = []
         for _ in range(rng.randint(1, 20)):
-            kind = rng.choice(["add", "append", "put", "remove", "clear_list", "clear_value"])
+            kind = rng.choice(["add", "append", "put", "remove", "clear_list", "clear_value", "clear_map"])
             comp.ops.append((kind, rng.randint(1, 9), rng.randint(0, 99)) if kind != "put"
                             else (kind, rng.choice("abcde"), rng.randint(0, 99)))
             if kind == "remove":

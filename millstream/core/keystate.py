@@ -299,8 +299,11 @@ class MapCell:
         return value is not _REMOVED
 
     def clear(self) -> None:
+        live = self.live
+        for key in live:  # entries of this step, stored or not yet
+            live[key] = _REMOVED
         for encoded in self.stored:
-            self.live[self.spec.key_codec.decode(encoded)] = _REMOVED
+            live[self.spec.key_codec.decode(encoded)] = _REMOVED
 
     def _all(self) -> dict[Any, Any]:
         """Every entry decoded (iteration needs them all)."""
