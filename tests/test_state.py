@@ -320,6 +320,18 @@ def test_unserializable_value_with_json_codec_names_the_fix():
         h.run()
 
 
+def test_of_two_values_no_codec_takes_the_error_names_the_state_declared_first():
+    # Used in the other order: the message does not depend on which the step touched first.
+    def bad(ctx, c):
+        ctx.state(c.m_json).put("k", {3, 4})
+        ctx.state(c.v_json).set({1, 2})
+
+    h = harness_for(Scripted({"bad": bad}))
+    h.feed("src", [Record("k", "bad", 0)])
+    with pytest.raises(ComputationFailed, match=r"state 'v_json'.*set \{1, 2\}"):
+        h.run()
+
+
 def test_undeclared_state_is_a_computation_error_naming_the_computation():
     stray = ValueState("stray")
     h = harness_for(Scripted({"stray": lambda ctx, c: ctx.state(stray)}))

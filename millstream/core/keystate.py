@@ -56,6 +56,18 @@ class KeyState:
         timers = self.timers
         return pickle.dumps((self.values, self.written, list(timers), list(timers.values())), protocol=5)
 
+    def restore(self, blob: bytes) -> None:
+        """Back to what `dumps()` gave, in place (whoever holds `timers` sees the restored ones); the
+        step's cells are forgotten. For rolling back a failed invocation: flush before dumps()."""
+        restored = KeyState.loads(blob)
+        self.values.clear()
+        self.values.update(restored.values)
+        self.written.clear()
+        self.written.update(restored.written)
+        self.timers.clear()
+        self.timers.update(restored.timers)
+        self._live.clear()
+
     @classmethod
     def loads(cls, blob: bytes) -> "KeyState":
         state = cls()
@@ -119,12 +131,27 @@ class KeyState:
             try:
                 encoded = cell.encode()
             except CodecError as error:
-                raise CodecError(f"state {name!r}: {error}") from None
+                raise self._first_refused(specs, name, error) from None
             if encoded is None:
                 self.values.pop(name, None)
                 self.written.pop(name, None)
             elif encoded is not _ABSENT:
                 self.values[name] = encoded
+
+    def _first_refused(self, specs: dict[str, StateSpec], name: str, error: CodecError) -> CodecError:
+        """The error to report when state `name` failed to encode: that of the first state, in the
+        order they are declared, that fails (the cells' order follows the step's accesses)."""
+        for other in specs:
+            if other == name:
+                break
+            cell = self._live.get(other)
+            if cell is not None:
+                try:
+                    cell.encode()
+                except CodecError as earlier:
+                    name, error = other, earlier
+                    break
+        return CodecError(f"state {name!r}: {error}")
 
     def end_step(self) -> None:
         """Forget the step's cells (after the last flush of a step)."""
