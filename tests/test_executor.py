@@ -700,6 +700,29 @@ def test_a_failure_while_the_state_holds_a_value_its_codec_refuses_still_leaves_
     assert values["entries"] == {"a": 1, "c": 3, "e": 5}
 
 
+class FailsAtTwoPlaces(Computation):
+    def process_record(self, ctx, record):
+        if record.value == "one":
+            raise ValueError(f"one {record.id}")
+        raise KeyError(f"two {record.id}")
+
+
+def test_each_dead_letter_has_the_traceback_of_its_own_failure():
+    # Failures repeat at two places in user code: each letter names the line that raised, and ends
+    # with its own message.
+    deliveries = [deliver("k", "one" if n % 3 else "two", n, f"r{n}") for n in range(9)]
+    ex = make_executor(FailsAtTwoPlaces(), on_error="dead_letter")
+    result = ex.step(deliveries, [Segment(-1, 100)], 0)
+    letters = [ex.plan.output_codecs["dead_letters"].decode(p.value) for p in result.productions]
+    assert len(letters) == 9
+    for n, letter in zip(range(9), letters):
+        text = letter["traceback"]
+        raised = 'raise ValueError(f"one {record.id}")' if n % 3 else 'raise KeyError(f"two {record.id}")'
+        last = f"ValueError: one r{n}" if n % 3 else f"KeyError: 'two r{n}'"
+        assert letter["record_id"] == f"r{n}" and raised in text and text.rstrip().endswith(last), text
+        assert "millstream/core" not in text and text.count("File ") == 1
+
+
 @pytest.mark.parametrize("computation", [Tally, BatchTally])
 def test_a_rerun_without_a_failing_record_counts_only_what_reached_user_code(computation):
     # One key, one point: a late record, a failing one, a duplicate of the first, one more. The

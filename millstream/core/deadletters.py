@@ -19,12 +19,31 @@ from millstream.model.records import derive_record_id
 _MILLSTREAM_FRAMES = ("/millstream/core/", "/millstream/spark/", "/millstream/testing/")
 
 
+# The formatted frames of tracebacks seen, by the path through the code that raised: a key whose
+# records keep failing at one place formats its frames once (Python finds the carets' columns by
+# parsing each line again). Bounded: emptied when full.
+_FRAMES_TEXT: dict[tuple[tuple[Any, int], ...], str] = {}
+_FRAMES_TEXT_LIMIT = 1024
+
+
 def user_traceback(error: BaseException) -> str:
     """The traceback of `error` without millstream's own frames: what the user's code did."""
-    frames = [f for f in traceback.extract_tb(error.__traceback__)
-              if not any(part in f.filename.replace("\\", "/") for part in _MILLSTREAM_FRAMES)]
-    lines = traceback.format_list(frames) + traceback.format_exception_only(type(error), error)
-    return "Traceback (most recent call last):\n" + "".join(lines)
+    path = []
+    entry = error.__traceback__
+    while entry is not None:
+        path.append((entry.tb_frame.f_code, entry.tb_lasti))  # the code and the instruction in it
+        entry = entry.tb_next
+    where = tuple(path)
+    frames_text = _FRAMES_TEXT.get(where)
+    if frames_text is None:
+        frames = [f for f in traceback.extract_tb(error.__traceback__)
+                  if not any(part in f.filename.replace("\\", "/") for part in _MILLSTREAM_FRAMES)]
+        frames_text = "".join(traceback.format_list(frames))
+        if len(_FRAMES_TEXT) >= _FRAMES_TEXT_LIMIT:
+            _FRAMES_TEXT.clear()
+        _FRAMES_TEXT[where] = frames_text
+    return ("Traceback (most recent call last):\n" + frames_text
+            + "".join(traceback.format_exception_only(type(error), error)))
 
 
 def describe_error(error: BaseException) -> str:

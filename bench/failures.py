@@ -1,0 +1,67 @@
+"""What failing user code costs under the dead_letter policy: one key's step through
+`KeyGroupExecutor.step`, offline, with every n-th record failing, against the same step with no
+record failing; invocations of user code counted, CPU time measured, side by side in one run.
+
+A failure rolls the key's step back: user code's invocations from the run that failed are
+discarded and the step runs again without the failing record. What this shows is how the step's
+cost grows with the key's failures: the invocations per record (a count, the same on every run)
+and the CPU time per record against the run without failures.
+
+`python -m bench.failures [--quick]` (results in bench/results/failures.json).
+"""
+
+from __future__ import annotations
+
+import time
+
+from bench.common import cli
+from millstream import Computation, Pipeline, Record, ScriptedInjector
+from millstream.core.executor import Delivery, KeyGroupExecutor
+from millstream.core.plan import plan_computation
+from millstream.core.store import MemoryKeyStore
+from millstream.core.watermarks import Segment
+
+
+class FailEvery(Computation):
+    """Fails on record values divisible by `every` (0: never); the others produce themselves."""
+
+    def __init__(self, every: int) -> None:
+        self.every = every
+        self.invocations = 0
+
+    def process_record(self, ctx, record):
+        self.invocations += 1
+        if self.every and record.value % self.every == 0:
+            raise ValueError(f"refused {record.value}")
+        ctx.produce(Record(ctx.key, record.value, record.timestamp), "out")
+
+
+def one_step(records: int, every: int) -> dict:
+    computation = FailEvery(every)
+    pipeline = Pipeline("failures").add_injector("src", ScriptedInjector("src", []), "in")
+    pipeline.add_computation("c", computation, ["in"], ["out"], on_error="dead_letter")
+    executor = KeyGroupExecutor(plan_computation(pipeline, "c", key_groups=1), MemoryKeyStore())
+    deliveries = [Delivery("hot", "in", Record("hot", n + 1, n, f"r{n}"), 0, True) for n in range(records)]
+    started = time.process_time()
+    result = executor.step(deliveries, [Segment(-1, records)], 0)
+    cpu_s = time.process_time() - started
+    expected_dead = records // every if every else 0
+    assert result.metrics.dead_letters == expected_dead and result.metrics.records == records - expected_dead
+    return {"failing_every": every or None, "dead_letters": expected_dead, "invocations": computation.invocations,
+            "invocations_per_record": round(computation.invocations / records, 3),
+            "cpu_us_per_record": round(cpu_s / records * 1e6, 2)}
+
+
+def main(quick: bool) -> dict:
+    records = 2_000 if quick else 20_000
+    runs = [one_step(records, every) for every in (0, 1000, 100, 10, 2, 1)]
+    baseline = runs[0]["cpu_us_per_record"]
+    for run in runs:
+        run["cpu_vs_no_failures"] = round(run["cpu_us_per_record"] / baseline, 2)
+        print(f"every {run['failing_every'] or 'none':>5}: {run['invocations_per_record']:6.3f} invocations per record, "
+              f"{run['cpu_us_per_record']:8.2f} us CPU per record ({run['cpu_vs_no_failures']}x no failures)")
+    return {"records_of_the_key": records, "runs": runs}
+
+
+if __name__ == "__main__":
+    cli("failures", main)
