@@ -552,18 +552,16 @@ class _KeyStep:
         try:
             while True:
                 timers = state.timers
-                ready = ((tag, timer) for tag, timer in timers.items()
-                         if timer[0] <= (wall_time if timer[1] else
-                                         keyed_at.get(timer[3], BEGINNING_OF_TIME) if timer[3] else lw))
-                # (point, time, tag): as if the points came one at a time, a point's timers fire
-                # before a later point's, whatever their times.
-                due = sorted([(boundary, timer[0], tag) for tag, timer in ready] if single else
-                             [(boundary if timer[1] else self.timer_point(tag, timer[0], boundary, timer[3]),
-                               timer[0], tag) for tag, timer in ready])
+                due = sorted([(timer[0], tag) for tag, timer in timers.items()
+                              if timer[0] <= (wall_time if timer[1] else
+                                              keyed_at.get(timer[3], BEGINNING_OF_TIME) if timer[3] else lw)])
                 if not due:
                     return
+                if not single:  # as if the points came one at a time: a point's timers before a later one's
+                    due.sort(key=lambda due_timer: (self.point_of(due_timer[1], timers[due_timer[1]], boundary),
+                                                    due_timer))
                 version = ctx.timer_changes
-                for point, _, tag in due:
+                for _, tag in due:
                     if fired >= MAX_TIMER_FIRINGS_PER_STEP:
                         raise ComputationError(
                             f"computation {plan.name!r}, key {key!r}: more than {MAX_TIMER_FIRINGS_PER_STEP} "
@@ -571,7 +569,9 @@ class _KeyStep:
                             "watermark fires again at once, forever"
                         )
                     fired += 1
-                    time, wall_timer, setter, watermark_key = timers.pop(tag)
+                    timer = timers.pop(tag)
+                    time, wall_timer, setter, _ = timer
+                    point = boundary if single else self.point_of(tag, timer, boundary)
                     if skip and (tag, time, setter) in skip:
                         skipped += 1
                         continue
@@ -586,7 +586,7 @@ class _KeyStep:
                         checkpoint = self.checkpoint()
                     try:
                         process_timer(ctx, _new_tuple(Timer, (time, tag, _WALL if wall_timer else _LOW_WATERMARK,
-                                                              watermark_key or None)))
+                                                              timer[3] or None)))
                         if flush_each:
                             state.flush(plan.state_specs)
                     except Exception as error:
@@ -603,6 +603,10 @@ class _KeyStep:
         finally:
             self.metrics.timers_fired += fired - self.firings - skipped
             self.firings = fired
+
+    def point_of(self, tag: str, timer: tuple[int, bool, str, str], boundary: int) -> int:
+        """The input point a due timer (KeyState.timers' fields) fires at, when the step has several."""
+        return boundary if timer[1] else self.timer_point(tag, timer[0], boundary, timer[3])
 
     def timer_point(self, tag: str, time: int, boundary: int, watermark_key: str = "") -> int:
         """The input point a low-watermark firing belongs to: the first one whose advanced watermark
