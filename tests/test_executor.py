@@ -625,47 +625,6 @@ class BatchTally(Tally):
             self.process_record(ctx, record)
 
 
-class CountedTally(Tally):
-    """Tally that counts its invocations, and sets a timer per record; a timer at 4 n + 2 fails."""
-
-    calls = 0
-
-    def process_record(self, ctx, record):
-        CountedTally.calls += 1
-        ctx.set_timer(f"t{record.timestamp}", record.timestamp)
-        super().process_record(ctx, record)
-
-    def process_timer(self, ctx, timer):
-        CountedTally.calls += 1
-        ctx.state(self.seen).append(f"timer-{timer.time}")
-        ctx.produce(Record(ctx.key, timer.time, timer.time), "out")
-        if timer.time % 4 == 2:
-            raise ValueError("refused timer")
-
-
-def test_many_failures_of_one_key_cost_each_invocation_about_twice_not_once_per_failure():
-    # One key, 400 records of which every other fails, each setting a timer; half the timers of the
-    # records that stand fail.
-    # A step settles after at most one run that failed and one that dead-letters in place: about
-    # two invocations per record and timer, not one more run of the key's step per failure.
-    values = ["bad" if n % 2 else "ok" for n in range(400)]
-    deliveries = [deliver("k", f"{value}-{n}", n, f"r{n}") for n, value in enumerate(values)]
-    ex = make_executor(CountedTally(), on_error="dead_letter")
-    CountedTally.calls = 0
-    result = ex.step(deliveries, [Segment(-1, 1000)], 0)
-    assert CountedTally.calls <= 2 * (400 + 200) + 2
-    # Ground truth: the ok records' values, then the timers of ok records in time order, the failing
-    # ones leaving no trace; dead letters for 200 records and 100 timers; one production each for
-    # the 100 timers that stand.
-    ok = [n for n, value in enumerate(values) if value == "ok"]
-    expected_seen = [f"ok-{n}" for n in ok] + [f"timer-{n}" for n in ok if n % 4 == 0]
-    values_now, timers_now = inspect_key(ex.plan, ex.store.load(["k"])["k"])
-    assert values_now["seen"] == expected_seen and timers_now == []
-    produced = [p for p in result.productions if p.stream == "out"]
-    assert sorted(p.timestamp for p in produced) == [n for n in ok if n % 4 == 0]
-    assert (result.metrics.dead_letters, result.metrics.records, result.metrics.timers_fired) == (300, 200, 100)
-
-
 class MapScript(Computation):
     """value = list of ops on a map whose key codec (str) refuses ints: ["put", k, v] | ["remove", k]
     | ["fail"]."""
@@ -683,7 +642,7 @@ class MapScript(Computation):
                 raise ValueError("refused")
 
 
-def test_a_failure_while_the_state_holds_a_value_its_codec_refuses_still_leaves_no_trace():
+def test_failures_around_a_value_the_codec_refuses_until_later_in_the_step_leave_no_trace():
     # An entry the key codec refuses is put, then removed later in the step: the step's state is
     # encodable only at its end. Failures on either side of that removal are dead-lettered, the
     # refused entry is not (it never reaches the store), and what stands is stored.

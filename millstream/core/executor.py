@@ -128,15 +128,6 @@ def _positions(items: Sequence[Delivery], first: int, chosen: Sequence[Delivery]
     return tuple(position for position, delivery in enumerate(items, first) if id(delivery) in wanted)
 
 
-class _Bookmark(NamedTuple):
-    """An invocation's starting point besides the key's state: see _Invocation.bookmark."""
-
-    productions: int  # how many the key's step had made
-    order: int
-    timer_changes: int
-    set_at: dict[str, int]
-
-
 class _StateFlushFailed(Exception):
     """A state value could not be encoded at the end of the key's step: the culprit is unknown yet."""
 
@@ -182,20 +173,6 @@ class _Invocation:
         self._order = order_base(key)  # position of the key's next production in the step's output
         self._name = plan.name
         self._codecs = plan.output_codecs
-
-    def bookmark(self) -> "_Bookmark":
-        """What an invocation about to start may change besides the key's state (taken only where a
-        failure is rolled back in place)."""
-        return _Bookmark(len(self._out), self._order, self.timer_changes, dict(self.set_at))
-
-    def return_to(self, bookmark: "_Bookmark") -> None:
-        """Undo a failed invocation's productions and timer bookkeeping; the cells handed out are
-        forgotten with the key's state they were decoded from (KeyState.restore)."""
-        del self._out[bookmark.productions:]
-        self._order, self.timer_changes, self.set_at = bookmark.order, bookmark.timer_changes, bookmark.set_at
-        self._handles.clear()
-        self._by_spec.clear()
-        self._last_spec, self._last_handle = _NO_SPEC, None
 
     def _begin(self, cause: str, setter: str | None, stream: str | None, late: bool, low_watermark: int,
                segment: int, advanced: int, inputs: tuple[tuple[str, int, int], ...] = (),
@@ -381,7 +358,7 @@ class _KeyStep:
 
     def __init__(self, executor: "KeyGroupExecutor", key: str, blob: bytes | None, segments: Sequence[Segment],
                  wall_time: int, skip_items: set[int], skip_timers: set[tuple[str, int, str]],
-                 flush_each: bool, rerun: bool = False) -> None:
+                 flush_each: bool) -> None:
         self.plan = executor.plan
         self.key = key
         self.state = KeyState.loads(blob) if blob is not None else KeyState()
@@ -391,10 +368,6 @@ class _KeyStep:
         self.out: list[ProductionRow] = []
         self.metrics = StepMetrics()
         self.skip_items, self.skip_timers, self.flush_each = skip_items, skip_timers, flush_each
-        # A run after a failure, under the dead_letter policy, rolls each failing invocation back
-        # and dead-letters it in place: no run more per failure.
-        self.in_place = rerun and self.plan.on_error is ErrorPolicy.DEAD_LETTER
-        self.failures: list[_UserFailure] = []  # dead-lettered in place, in the order they failed
         self.seen: dict[str, int] = {}  # ids of injected records this step, with their marks
         self.seen_before = executor.store.seen_ids(key)  # the key's ids of earlier steps
         self.ctx = _Invocation(self.plan, self.state, key, wall_time, self.out, segments)
@@ -430,25 +403,6 @@ class _KeyStep:
             raise _StateFlushFailed(str(error)) from error
         state.end_step()
 
-    def checkpoint(self) -> tuple[bytes, _Bookmark] | None:
-        """Where a failure in the invocation about to start rolls back to (`in_place` runs only), or
-        None when the key's state cannot be encoded here: a value an earlier invocation left may
-        still be changed into one its codec takes before the step ends (then a failure takes a run
-        more, as outside `in_place` runs)."""
-        if not self.flush_each:  # else flushed after the invocation before
-            try:
-                self.state.flush(self.plan.state_specs)
-            except CodecError:
-                return None
-        return self.state.dumps(), self.ctx.bookmark()
-
-    def roll_back(self, checkpoint: tuple[bytes, _Bookmark], failure: _UserFailure) -> None:
-        """Undo the invocation that failed since `checkpoint`, and keep the failure for its dead letter."""
-        blob, bookmark = checkpoint
-        self.state.restore(blob)
-        self.ctx.return_to(bookmark)
-        self.failures.append(failure)
-
     def deliver(self, items: Sequence[Delivery], j: int, first: int) -> None:
         """The key's records of input point j (`items`, from position `first` of the key's) that
         reach user code, one by one to process_record, or (plan.batched) together to
@@ -458,7 +412,7 @@ class _KeyStep:
         state, ctx, plan = self.state, self.ctx, self.plan
         process_record = plan.computation.process_record
         low_watermark, advanced, inputs = self.segments[j][:3]
-        flush_each, in_place = self.flush_each, self.in_place
+        flush_each = self.flush_each
         seen, seen_before = self.seen, self.seen_before
         # What every invocation of this point shares (see _Invocation._begin).
         ctx._low_watermark, ctx._segment, ctx._advanced, ctx._inputs, ctx._after = (
@@ -467,8 +421,7 @@ class _KeyStep:
         chosen = [delivery for position, delivery in enumerate(items, first) if position not in skip] if skip \
             else items
         batch: list[Delivery] | None = [] if plan.batched else None
-        late = duplicates = failed = 0  # counted in this key's run (a failure discards the run's metrics)
-        position_of: dict[int, int] | None = None  # id(delivery) -> its position, once one failed in place
+        late = duplicates = 0  # counted in this key's run (a failure discards the run's metrics)
         for delivery in chosen:
             _, stream, record, _, dedup = delivery
             timestamp, rid = record.timestamp, record.id
@@ -488,25 +441,14 @@ class _KeyStep:
             cause = f"r\x1f{stream}\x1f{rid}"  # record_cause()
             ctx._cause = ctx._setter = cause
             ctx._stream, ctx._late, ctx._produced = stream, late_record, 0
-            if in_place:
-                checkpoint = self.checkpoint()
             try:
                 process_record(ctx, record)
                 if flush_each:
                     state.flush(plan.state_specs)
             except Exception as error:
-                if not in_place or checkpoint is None:
-                    raise _UserFailure(error, items=_positions(items, first, (delivery,)), segment=j) from error
-                if position_of is None:
-                    position_of = {id(item): position for position, item in enumerate(items, first)}
-                failure = _UserFailure(error, items=(position_of[id(delivery)],), segment=j)
-                self.roll_back(checkpoint, failure)
-                if dedup:
-                    del seen[rid]  # as if never delivered: a later copy is no duplicate
-                late -= late_record
-                failed += 1
+                raise _UserFailure(error, items=_positions(items, first, (delivery,)), segment=j) from error
         metrics = self.metrics
-        metrics.records += len(chosen) - duplicates - failed
+        metrics.records += len(chosen) - duplicates
         metrics.duplicates += duplicates
         metrics.late += late
         if batch:
@@ -542,7 +484,7 @@ class _KeyStep:
         lw = low_watermark
         keyed_at = {name: after for name, _, after in segments[boundary].keyed}  # keyed timers fire by these
         wall_time = self.wall_time if wall else -END_OF_TIME - 1
-        key, flush_each, in_place = self.key, self.flush_each, self.in_place
+        key, flush_each = self.key, self.flush_each
         # What every firing shares (_begin, inlined: this is the per-timer hot path); the fields of
         # the input point a firing belongs to are set when the point changes.
         ctx._stream, ctx._late, ctx._after = None, False, True
@@ -582,20 +524,13 @@ class _KeyStep:
                             at, point, at, segments[point].inputs)
                     ctx._cause, ctx._setter, ctx._produced = (
                         f"t\x1f{key}\x1f{tag}\x1f{time}\x1f{setter}", None, 0)  # timer_cause()
-                    if in_place:
-                        checkpoint = self.checkpoint()
                     try:
                         process_timer(ctx, _new_tuple(Timer, (time, tag, _WALL if wall_timer else _LOW_WATERMARK,
                                                               timer[3] or None)))
                         if flush_each:
                             state.flush(plan.state_specs)
                     except Exception as error:
-                        failure = _UserFailure(error, timer=(tag, time, setter), segment=point)
-                        if not in_place or checkpoint is None:
-                            raise failure from error
-                        self.roll_back(checkpoint, failure)  # the timer stays fired: it is dead-lettered
-                        skipped += 1
-                        continue
+                        raise _UserFailure(error, timer=(tag, time, setter), segment=point) from error
                     if ctx.timer_changes != version:
                         break  # user code changed the key's timers: take the order again
                 else:
@@ -685,38 +620,26 @@ class KeyGroupExecutor:
         """The key's step, run again without each failing input under the dead_letter policy."""
         skip_items: set[int] = set()
         skip_timers: set[tuple[str, int, str]] = set()
-        flush_each = rerun = False
+        flush_each = False
         for _ in range(len(items) + MAX_TIMER_FIRINGS_PER_STEP + 2):
-            step = _KeyStep(self, key, blob, segments, wall_time, skip_items, skip_timers, flush_each, rerun)
+            step = _KeyStep(self, key, blob, segments, wall_time, skip_items, skip_timers, flush_each)
             try:
                 step.run(items)
+                return step
             except _StateFlushFailed:
-                flush_each = rerun = True  # run again, encoding after every invocation, to find the culprit
+                flush_each = True  # run again, encoding after every invocation, to find the culprit
                 continue
-            except _UserFailure as failed:
+            except _UserFailure as failure:
+                failed: list[Delivery | None] = [items[i] for i in failure.items] or [None]
                 if self.plan.on_error is ErrorPolicy.FAIL:
-                    delivery = items[failed.items[0]] if failed.items else None
-                    raise ComputationFailed(self._failure_message(key, delivery, failed)) from None
-                for failure in (*step.failures, failed):  # in the order they failed
-                    self._dead_letters(key, items, failure, out, metrics)
-                    skip_items.update(failure.items)
-                    if failure.timer is not None:
-                        skip_timers.add(failure.timer)
-                # Run again without it, rolling later failures back in place (a batch hook's failure
-                # still takes a run more: its records' admission depends on it).
-                rerun = True
-                continue
-            for failure in step.failures:
-                self._dead_letters(key, items, failure, out, metrics)
-            return step
+                    raise ComputationFailed(self._failure_message(key, failed[0], failure)) from None
+                for delivery in failed:
+                    out.append(tuple(self._dead_letter(key, delivery, failure)))  # type: ignore[arg-type]
+                    metrics.dead_letters += 1
+                skip_items.update(failure.items)
+                if failure.timer is not None:
+                    skip_timers.add(failure.timer)
         raise ComputationError(f"computation {self.plan.name!r}, key {key!r}: step did not settle")
-
-    def _dead_letters(self, key: str, items: Sequence[Delivery], failure: _UserFailure, out: list[ProductionRow],
-                      metrics: StepMetrics) -> None:
-        failed: list[Delivery | None] = [items[i] for i in failure.items] or [None]
-        for delivery in failed:
-            out.append(tuple(self._dead_letter(key, delivery, failure)))  # type: ignore[arg-type]
-            metrics.dead_letters += 1
 
     def _failure_message(self, key: str, delivery: Delivery | None, failure: _UserFailure) -> str:
         if delivery is not None:

@@ -56,18 +56,6 @@ class KeyState:
         timers = self.timers
         return pickle.dumps((self.values, self.written, list(timers), list(timers.values())), protocol=5)
 
-    def restore(self, blob: bytes) -> None:
-        """Back to what `dumps()` gave, in place (whoever holds `timers` sees the restored ones); the
-        step's cells are forgotten. For rolling back a failed invocation: flush before dumps()."""
-        restored = KeyState.loads(blob)
-        self.values.clear()
-        self.values.update(restored.values)
-        self.written.clear()
-        self.written.update(restored.written)
-        self.timers.clear()
-        self.timers.update(restored.timers)
-        self._live.clear()
-
     @classmethod
     def loads(cls, blob: bytes) -> "KeyState":
         state = cls()
@@ -140,7 +128,9 @@ class KeyState:
 
     def _first_refused(self, specs: dict[str, StateSpec], name: str, error: CodecError) -> CodecError:
         """The error to report when state `name` failed to encode: that of the first state, in the
-        order they are declared, that fails (the cells' order follows the step's accesses)."""
+        order they are declared, that fails (the cells' order follows the step's accesses). Its
+        encode() calls change cells as a flush does, without storing: safe only because a failed
+        flush discards the key's run (the executor runs the step again from its blob)."""
         for other in specs:
             if other == name:
                 break
