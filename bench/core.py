@@ -53,27 +53,37 @@ from millstream.core.store import MemoryKeyStore
 from millstream.core.watermarks import Segment
 from millstream.model.codecs import DEFAULT_CODEC
 from millstream.model.records import END_OF_TIME, Record, TimeDomain, Timer
-from millstream.spark.bundles import pack, pack_production_columns, unpack_production_columns
+from millstream.spark.bundles import (BUNDLE_RECORDS, FeedItem, pack_deliveries, pack_production_columns,
+                                      unpack_production_columns)
 from millstream.spark.operator import step_bundles
 from millstream.spark.pacing import FIRST_BATCH_RECORDS
 
 KEY_GROUPS = 32
+SENDER_PARTITIONS = 2  # the throughput job's injector partitions
 SMALL_BATCH = 50_000
 
 
-def bundles(keys: int, start: int, end: int, segment: int) -> dict[int, bytes]:
-    """What the source sends the operator for records start..end: bundles per key group."""
+def bundles(keys: int, start: int, end: int, segment: int) -> dict[int, list[bytes]]:
+    """What the source sends the operator for records start..end: bundles per key group, as two
+    sender partitions (record i in partition i mod 2, at its position there) bundle them, the first
+    partition's bundles first. A key group's records of the two interleave: the operator sorts
+    them into input order, as it does in Spark."""
     make, codec = KeyedRecords(keys), DEFAULT_CODEC
-    groups: dict[int, list[tuple]] = {}
+    groups: dict[tuple[int, int], list[FeedItem]] = {}  # by (partition, key group)
     group_of: dict[str, int] = {}
     for i in range(start, end):
         r = make(i)
         group = group_of.get(r.key)
         if group is None:
             group = group_of[r.key] = key_group(r.key, KEY_GROUPS)
-        groups.setdefault(group, []).append((r.key, "events", r.key, codec.encode(r.value), r.timestamp, r.id,
-                                             segment, i, True))
-    return {g: pack(items) for g, items in groups.items()}
+        partition = i % SENDER_PARTITIONS
+        groups.setdefault((partition, group), []).append(
+            (r.key, r.key, codec.encode(r.value), r.timestamp, r.id, segment, (i - start) // SENDER_PARTITIONS))
+    per_group: dict[int, list[bytes]] = {}
+    for (_, group), items in sorted(groups.items()):
+        per_group.setdefault(group, []).extend(pack_deliveries("events", True, items[at:at + BUNDLE_RECORDS])
+                                               for at in range(0, len(items), BUNDLE_RECORDS))
+    return per_group
 
 
 class Meter(Protocol):
@@ -106,8 +116,7 @@ def run_core(keys: int, total: int, batch: int, profiler: Meter | None = None,
         after = watermark(end) if end < total else END_OF_TIME
         segments = [Segment(before, after)]
         for group in range(KEY_GROUPS):
-            bundle = per_group.get(group)
-            result = step_bundles(plan, stores[group], [bundle] if bundle else [], codecs, segments, 0)
+            result = step_bundles(plan, stores[group], per_group.get(group, []), codecs, segments, 0)
             produced.append((number, pack_production_columns(result.rows)))  # as the operator ships them
         before = after
     cpu, wall = time.process_time() - started, time.perf_counter() - started_wall

@@ -7,7 +7,7 @@ from millstream.core.plan import plan_computation
 from millstream.core.store import MemoryKeyStore
 from millstream.core.watermarks import Segment
 from millstream.model.codecs import JsonCodec
-from millstream.spark.bundles import pack
+from millstream.spark.bundles import pack_deliveries
 from millstream.spark.operator import step_bundles
 
 
@@ -43,9 +43,10 @@ def step(computation, codec, records=50):
                 .add_computation("c", computation, ["in"], ["out"])
                 .declare_stream("in", codec).declare_stream("out", codec))
     plan = plan_computation(pipeline, "c", 1)
-    items = [(f"k{i % 5}", "in", f"k{i % 5}", JsonCodec().encode({"n": i}), 1_000 + i, f"r{i}", 0, i, True)
+    items = [(f"k{i % 5}", f"k{i % 5}", JsonCodec().encode({"n": i}), 1_000 + i, f"r{i}", 0, i)
              for i in range(records)]
-    return step_bundles(plan, MemoryKeyStore(), [pack(items)], {"in": codec}, [Segment(0, 0)], 0)
+    return step_bundles(plan, MemoryKeyStore(), [pack_deliveries("in", True, items)], {"in": codec}, [Segment(0, 0)],
+                        0)
 
 
 def test_a_value_user_code_never_reads_is_never_decoded_nor_encoded_again():

@@ -15,8 +15,9 @@ written and read by the same code version, so pickle (fast, and exact for str, b
 from __future__ import annotations
 
 import pickle
-from operator import itemgetter
-from typing import Any, Sequence
+from itertools import chain, islice, repeat
+from operator import le
+from typing import Any, Mapping, NamedTuple, Sequence
 
 from millstream.core import flatpickle
 from millstream.core.executor import Delivery
@@ -25,33 +26,89 @@ from millstream.model.records import Record
 
 BUNDLE_RECORDS = 4096
 
-# A delivery: (key, stream, record key, encoded value, timestamp, id, input point, order, dedup).
-DeliveryItem = tuple[str, str, str, bytes, int, str, int, int, bool]
-_INPUT_ORDER = itemgetter(6, 7)
+# What a feed hands the bundler per record, in the order read: (key under the computation's
+# extractor, the record's own key, encoded value, timestamp, id, input point, order). The stream
+# and whether records can arrive twice are the feed's, the same for all of its records.
+FeedItem = tuple[str, str, bytes, int, str, int, int]
 
 
-def deliveries_by_key(items: list[DeliveryItem], codecs: dict[str, Any]) -> dict[str, list[Delivery]]:
-    """A key group's unpacked bundles as the executor's deliveries, per key in input order (point,
-    then position: Spark's shuffle delivers bundles in any order). `codecs`: each input stream's
-    codec. Sorts `items` in place.
+class DeliveryBundle(NamedTuple):
+    """Records of one input stream bound for one key group, as columns: what one Spark cell
+    carries from the source (or a fused producer) to the operator. A record's place in input order
+    is (segment, order); neither a bundle's records nor the bundles a key group receives need be in
+    that order (Spark's shuffle delivers bundles in any order)."""
+
+    stream: str
+    dedup: bool  # injected records: the only ones that can arrive twice (Delivery.dedup)
+    keys: Sequence[str]  # each record's key under the computation's extractor for `stream`
+    record_keys: Sequence[str] | None  # the records' own keys; None: the same as `keys`
+    values: Sequence[bytes]
+    timestamps: Sequence[int]
+    ids: Sequence[str]
+    segments: Sequence[int]
+    orders: Sequence[int]
+
+
+def pack_deliveries(stream: str, dedup: bool, items: Sequence[FeedItem]) -> bytes:
+    """A feed's records of one key group as one bundle (a DeliveryBundle, pickled as a plain tuple).
+
+    >>> unpack_deliveries(pack_deliveries("s", True, [("a", "a", b"1", 10, "i1", 0, 0)])).ids
+    ('i1',)
+    """
+    keys, record_keys, values, timestamps, ids, segments, orders = zip(*items)
+    return flatpickle.dumps((stream, dedup, keys, None if record_keys == keys else record_keys, values,
+                             timestamps, ids, segments, orders))
+
+
+def unpack_deliveries(bundle: bytes) -> DeliveryBundle:
+    return DeliveryBundle._make(pickle.loads(bundle))
+
+
+def deliveries_by_key(bundles: Sequence[DeliveryBundle], codecs: Mapping[str, Any]) -> dict[str, list[Delivery]]:
+    """A key group's bundles as the executor's deliveries, per key in input order: (segment, order),
+    ties in the order the bundles came in (Python's sort is stable). `codecs`: each input stream's
+    codec. Records decode their values only when user code reads them.
 
     >>> from millstream.model.codecs import DEFAULT_CODEC
-    >>> items = [("b", "s", "b", b"2", 20, "i2", 0, 2, True), ("a", "s", "a", b"1", 10, "i1", 0, 1, True),
-    ...          ("a", "s", "a", b"3", 30, "i3", 1, 0, True)]
-    >>> {key: [d.record.value for d in group] for key, group in deliveries_by_key(items, {"s": DEFAULT_CODEC}).items()}
+    >>> bundles = [unpack_deliveries(pack_deliveries("s", True, [("b", "b", b"2", 20, "i2", 0, 2),
+    ...                                                            ("a", "a", b"3", 30, "i3", 1, 0)])),
+    ...            unpack_deliveries(pack_deliveries("s", True, [("a", "a", b"1", 10, "i1", 0, 1)]))]
+    >>> {key: [d.record.value for d in group] for key, group in deliveries_by_key(bundles, {"s": DEFAULT_CODEC}).items()}
     {'a': [1, 3], 'b': [2]}
     """
-    items.sort(key=_INPUT_ORDER)
     new, encoded = tuple.__new__, Record.encoded
+    deliveries: list[Delivery] = []
+    keys: list[str] = []
+    for bundle in bundles:  # built bundle by bundle, in C loops where they can be (a bundle's stream is one)
+        records = map(encoded, bundle.record_keys or bundle.keys, bundle.values, repeat(codecs[bundle.stream]),
+                      bundle.timestamps, bundle.ids)
+        deliveries.extend(map(new, repeat(Delivery), zip(bundle.keys, repeat(bundle.stream), records, bundle.segments,
+                                                         repeat(bundle.dedup))))
+        keys.extend(bundle.keys)
+    order = _input_order(bundles)
+    if order is not None:
+        deliveries, keys = list(map(deliveries.__getitem__, order)), list(map(keys.__getitem__, order))
     by_key: dict[str, list[Delivery]] = {}
-    for key, stream, rkey, value, ts, rid, segment, _, dedup in items:
-        delivery = new(Delivery, (key, stream, encoded(rkey, value, codecs[stream], ts, rid), segment, dedup))
+    for key, delivery in zip(keys, deliveries):
         group = by_key.get(key)
         if group is None:
             by_key[key] = [delivery]
         else:
             group.append(delivery)
     return by_key
+
+
+def _input_order(bundles: Sequence[DeliveryBundle]) -> list[int] | None:
+    """The positions of the bundles' records (concatenated) in input order; None when they are in it.
+    A stable sort: records of equal (segment, order), from different senders, keep the bundles' order."""
+    orders = list(chain.from_iterable(bundle.orders for bundle in bundles))
+    segments = list(chain.from_iterable(bundle.segments for bundle in bundles))
+    rank: list[Any] = orders  # one input point: its order alone
+    if min(segments, default=0) != max(segments, default=0):
+        rank = list(zip(segments, orders))
+    if all(map(le, rank, islice(rank, 1, None))):
+        return None
+    return sorted(range(len(rank)), key=rank.__getitem__)
 
 
 def pack(items: Sequence[Any]) -> bytes:

@@ -34,8 +34,9 @@ from millstream.core.watermarks import Segment
 from millstream.model.computation import ComputationInfo
 from millstream.model.pipeline import DEAD_LETTERS
 from millstream.model.records import Record
-from millstream.spark.bundles import (BUNDLE_RECORDS, DeliveryItem, deliveries_by_key, pack, pack_production_columns,
-                                      pack_productions, unpack, unpack_productions)
+from millstream.spark.bundles import (BUNDLE_RECORDS, FeedItem, deliveries_by_key, pack, pack_deliveries,
+                                      pack_production_columns, pack_productions, unpack, unpack_deliveries,
+                                      unpack_productions)
 from millstream.spark.errors import report_failure
 from millstream.spark.partitioning import GroupLabels
 from millstream.spark.source import BatchPlan
@@ -143,11 +144,8 @@ def step_bundles(plan: ComputationPlan, store: KeyStore, bundles: list[bytes], c
     the bundles are unpacked and stepped with the collector held back (core/garbage.py), and what
     is alive afterwards is frozen, so the daemon's collection after the task skips the caches."""
     with bulk_work():
-        items: list[DeliveryItem] = []
-        for bundle in bundles:
-            items.extend(unpack(bundle))
-        result = KeyGroupExecutor(plan, store).step_keys(deliveries_by_key(items, codecs), segments, wall_time,
-                                                           rejected)
+        by_key = deliveries_by_key([unpack_deliveries(bundle) for bundle in bundles], codecs)
+        result = KeyGroupExecutor(plan, store).step_keys(by_key, segments, wall_time, rejected)
         WORKER_GARBAGE.settle()
     return result
 
@@ -193,7 +191,7 @@ class FusedProducerProcessor(StatefulProcessor):
         group = self.labels.group(key[0])
         result, bytes_written, batch, _ = self.step.run(group, rows)
         plan_blob = batch.dumps()
-        by_group: dict[int, list[DeliveryItem]] = {}
+        by_group: dict[tuple[int, str], list[FeedItem]] = {}  # by the consumer's key group and the stream
         passthrough: list[Produced] = []
         for item in result.productions:
             if item.stream == DEAD_LETTERS:
@@ -203,16 +201,17 @@ class FusedProducerProcessor(StatefulProcessor):
             if isinstance(handed, Produced):
                 passthrough.append(handed)
             else:
-                by_group.setdefault(key_group(handed[0], self.consumer.key_groups), []).append(handed)
-        for target, items in sorted(by_group.items()):
+                by_group.setdefault((key_group(handed[0], self.consumer.key_groups), item.stream), []).append(handed)
+        for (target, stream), items in sorted(by_group.items()):
             for start in range(0, len(items), BUNDLE_RECORDS):
-                yield Row(key_group=self.labels.label(target), bundle=pack(items[start:start + BUNDLE_RECORDS]),
+                yield Row(key_group=self.labels.label(target),
+                          bundle=pack_deliveries(stream, False, items[start:start + BUNDLE_RECORDS]),
                           rejected=None, plan=plan_blob, reports=None)
         report = group_report(self.plan, group, result, bytes_written)
         yield Row(key_group=self.labels.label(group % self.consumer.key_groups), bundle=None,
                   rejected=pack_productions(passthrough) if passthrough else None, plan=plan_blob, reports=pack([report]))
 
-    def _hand_over(self, item: Produced) -> DeliveryItem | Produced:
+    def _hand_over(self, item: Produced) -> FeedItem | Produced:
         """A production as the consumer's delivery (keyed by its extractor for the stream)."""
         consumer = self.consumer
         input_plan = consumer.input(item.stream)
@@ -227,7 +226,7 @@ class FusedProducerProcessor(StatefulProcessor):
             if isinstance(found, Produced):
                 return found
             key = found
-        return (key, item.stream, item.key, item.value, item.timestamp, item.id, item.segment, item.order, False)
+        return (key, item.key, item.value, item.timestamp, item.id, item.segment, item.order)
 
     def close(self) -> None:
         pass

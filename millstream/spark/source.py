@@ -38,7 +38,7 @@ from millstream.core.watermarks import Segment, WatermarkCoalescer, published_ke
 from millstream.model.injector import Injector, Malformed
 from millstream.model.pipeline import ErrorPolicy
 from millstream.model.records import BEGINNING_OF_TIME, Record
-from millstream.spark.bundles import BUNDLE_RECORDS, DeliveryItem, pack, pack_productions
+from millstream.spark.bundles import BUNDLE_RECORDS, FeedItem, pack_deliveries, pack_productions
 from millstream.spark.errors import report_failure
 from millstream.spark.pacing import BatchPacing, LastBatch
 from millstream.spark.partitioning import GroupLabels
@@ -311,15 +311,16 @@ class InputsReader(DataSourceStreamReader):
             else:
                 feed = self._log_items(sender, input_plan, partition)
             with bulk_work():  # the partition's deliveries pile up in bundles (core/garbage.py)
-                yield from _bundled(self.plan.computation, self.plan.labels, feed, partition.plan)
+                yield from _bundled(self.plan.computation, self.plan.labels, feed, partition.plan,
+                                    input_plan.stream, sender.plan.dedup)
         if partition.heartbeat:
             yield _batch([(label, None, None) for label in self.plan.labels.labels], partition.plan)
         WORKER_GARBAGE.settle()  # at every task's end (spark/worker_garbage.py)
 
     def _injector_items(self, sender: Sender, input_plan: InputPlan,
-                        partition: _Partition) -> Iterator[DeliveryItem | Produced]:
+                        partition: _Partition) -> Iterator[FeedItem | Produced]:
         segment = partition.fields["segment"]
-        encode, stream, dedup = input_plan.codec.encode, input_plan.stream, sender.plan.dedup
+        encode = input_plan.codec.encode
         by_record_key = input_plan.keyed_by_record_key
         injector, name = sender.injector, sender.plan.partition
         for position, item in enumerate(injector.read(name, partition.fields["start"], partition.fields["end"])):  # type: ignore[union-attr, arg-type]
@@ -329,13 +330,13 @@ class InputsReader(DataSourceStreamReader):
                 continue
             key = item.key
             if by_record_key:  # _keyed(), inlined: the per-record path
-                yield (key, stream, key, encode(item.value), item.timestamp, item.id, segment, position, dedup)
+                yield (key, key, encode(item.value), item.timestamp, item.id, segment, position)
             else:
                 yield self._keyed(input_plan, sender, key, encode(item.value), item.timestamp, item.id, segment,
                                   position)
 
     def _log_items(self, sender: Sender, input_plan: InputPlan,
-                   partition: _Partition) -> Iterator[DeliveryItem | Produced]:
+                   partition: _Partition) -> Iterator[FeedItem | Produced]:
         segments: dict[int, int] = partition.fields["segments"]
         table = pq.read_table(partition.fields["path"], filesystem=Storage(self.plan.root).fs, schema=LOG_SCHEMA)
         columns = table.to_pydict()
@@ -345,7 +346,7 @@ class InputsReader(DataSourceStreamReader):
             yield self._keyed(input_plan, sender, key, value, ts, rid, segments[segment], order_key << 32 | order_seq)
 
     def _keyed(self, input_plan: InputPlan, sender: Sender, rkey: str, value: bytes, ts: int, rid: str,
-               segment: int, order: int) -> DeliveryItem | Produced:
+               segment: int, order: int) -> FeedItem | Produced:
         key = rkey
         if not input_plan.keyed_by_record_key:
             record = Record.encoded(rkey, value, input_plan.codec, ts, rid)
@@ -357,7 +358,7 @@ class InputsReader(DataSourceStreamReader):
             if isinstance(found, Produced):
                 return found
             key = found
-        return (key, input_plan.stream, rkey, value, ts, rid, segment, order, sender.plan.dedup)
+        return (key, rkey, value, ts, rid, segment, order)
 
     def _malformed(self, sender: Sender, item: Malformed, segment: int) -> Produced:
         plan = self.plan.computation
@@ -371,11 +372,11 @@ class InputsReader(DataSourceStreamReader):
                            error=item.error, segment=segment)
 
 
-def _bundled(plan: ComputationPlan, labels: GroupLabels, feed: Iterable[DeliveryItem | Produced],
-             batch: bytes) -> Iterator[pa.RecordBatch]:
-    """The feed's deliveries bundled per key group (each row under its group's label), dead letters
-    alongside."""
-    pending: dict[int, list[DeliveryItem]] = {}  # by label
+def _bundled(plan: ComputationPlan, labels: GroupLabels, feed: Iterable[FeedItem | Produced],
+             batch: bytes, stream: str, dedup: bool) -> Iterator[pa.RecordBatch]:
+    """The feed's records of `stream` bundled per key group (each row under its group's label), dead
+    letters alongside."""
+    pending: dict[int, list[FeedItem]] = {}  # by label
     rows: list[tuple[int, bytes | None, bytes | None]] = []
     rejected: list[Produced] = []
     label_of: dict[str, int] = {}  # keys repeat: hash each once per partition
@@ -393,12 +394,12 @@ def _bundled(plan: ComputationPlan, labels: GroupLabels, feed: Iterable[Delivery
             items = pending[target] = []
         items.append(item)
         if len(items) >= BUNDLE_RECORDS:
-            rows.append((target, pack(items), None))
+            rows.append((target, pack_deliveries(stream, dedup, items), None))
             del pending[target]
             if len(rows) >= _BUNDLES_PER_ARROW_BATCH:
                 yield _batch(rows, batch)
                 rows = []
-    rows.extend((target, pack(items), None) for target, items in sorted(pending.items()))
+    rows.extend((target, pack_deliveries(stream, dedup, items), None) for target, items in sorted(pending.items()))
     if rejected:
         rows.append((label(0), None, pack_productions(rejected)))
     if rows:

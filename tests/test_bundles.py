@@ -1,0 +1,73 @@
+"""spark/bundles.py: records travel from the source to the operator as column bundles, and the
+operator hands the executor each key's records in input order, whatever order the bundles came in.
+
+The expected order is computed here in plain Python from the records themselves: all records of a
+key group, in the order the bundles arrived, stably sorted by (input point, order)."""
+
+import random
+
+import pytest
+
+from millstream.model.codecs import DEFAULT_CODEC, PickleCodec
+from millstream.spark.bundles import BUNDLE_RECORDS, deliveries_by_key, pack_deliveries, unpack_deliveries
+
+CODECS = {"a": DEFAULT_CODEC, "b": PickleCodec()}
+
+
+def expected_by_key(arrived):
+    """{key: [(stream, dedup, record key, value, timestamp, id, segment)]} in input order, from the
+    bundles' records as (stream, dedup, item) in the order they arrived."""
+    in_order = sorted(arrived, key=lambda entry: (entry[2][5], entry[2][6]))  # stable: ties as they arrived
+    by_key = {}
+    for stream, dedup, (key, record_key, value, timestamp, record_id, segment, _) in in_order:
+        by_key.setdefault(key, []).append((stream, dedup, record_key, CODECS[stream].decode(value), timestamp,
+                                           record_id, segment))
+    return by_key
+
+
+def delivered(by_key):
+    return {key: [(d.stream, d.dedup, d.record.key, d.record.value, d.record.timestamp, d.record.id, d.segment)
+                  for d in group] for key, group in by_key.items()}
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_each_keys_records_come_in_input_order_whatever_order_the_bundles_arrive_in(seed):
+    rng = random.Random(seed)
+    points = rng.choice([1, 1, 3])
+    senders = []  # each sender's bundles, each bundle in the sender's order
+    for sender in range(rng.randint(1, 4)):
+        stream, dedup = rng.choice([("a", True), ("a", False), ("b", False)])
+        extracted = rng.random() < 0.5  # keyed by an extractor: the record's own key differs
+        items, order = [], 0
+        for point in range(points):
+            for _ in range(rng.randint(0, 12)):
+                order += rng.randint(0, 2)  # equal orders across senders: ties
+                record_key = f"r{rng.randint(0, 5)}"
+                key = f"k{rng.randint(0, 3)}" if extracted else record_key
+                value = rng.choice([1, "x", {"n": order}, None])
+                items.append((key, record_key, CODECS[stream].encode(value), rng.randint(0, 50),
+                              f"s{sender}-{len(items)}", point, order))
+        size = rng.randint(1, 6)
+        senders.append([(stream, dedup, items[at:at + size]) for at in range(0, len(items), size)])
+    arrived = [bundle for bundles in senders for bundle in bundles if bundle[2]]
+    rng.shuffle(arrived)  # Spark's shuffle: any order
+    bundles = [unpack_deliveries(pack_deliveries(stream, dedup, items)) for stream, dedup, items in arrived]
+    expected = expected_by_key([(stream, dedup, item) for stream, dedup, items in arrived for item in items])
+    assert delivered(deliveries_by_key(bundles, CODECS)) == expected
+
+
+def test_a_bundle_keeps_a_records_own_key_apart_from_the_computations_key():
+    same = unpack_deliveries(pack_deliveries("a", True, [("k", "k", b"1", 5, "i", 0, 0)]))
+    apart = unpack_deliveries(pack_deliveries("a", True, [("k", "user-7", b"1", 5, "i", 0, 0)]))
+    assert same.record_keys is None and apart.record_keys == ("user-7",)
+    (delivery,) = deliveries_by_key([apart], CODECS)["k"]
+    assert (delivery.key, delivery.record.key) == ("k", "user-7")
+
+
+def test_a_key_groups_records_beyond_one_bundle_keep_their_order():
+    items = [(f"k{i % 3}", f"k{i % 3}", b"%d" % i, i, f"i{i}", 0, i) for i in range(3 * BUNDLE_RECORDS)]
+    bundles = [unpack_deliveries(pack_deliveries("a", True, items[at:at + BUNDLE_RECORDS]))
+               for at in range(0, len(items), BUNDLE_RECORDS)]
+    by_key = deliveries_by_key(bundles[::-1], CODECS)
+    assert [d.record.value for d in by_key["k1"]] == list(range(1, 3 * BUNDLE_RECORDS, 3))
+    assert deliveries_by_key([], CODECS) == {}
