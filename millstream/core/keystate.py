@@ -58,12 +58,14 @@ class KeyState:
 
     @classmethod
     def loads(cls, blob: bytes) -> "KeyState":
-        state = cls()
         loaded = pickle.loads(blob)
-        if len(loaded) == 4:
+        if len(loaded) == 4:  # every key of every step comes through here: no dicts built to be replaced
+            state = cls.__new__(cls)
             state.values, state.written, tags, timers = loaded
             state.timers = dict(zip(tags, timers))
+            state._live = {}
             return state
+        state = cls()
         # Blobs written before timers were stored as parallel lists: a dict of timers.
         state.values, state.written, by_tag = loaded
         for tag, fields in by_tag.items():
