@@ -9,7 +9,8 @@ import random
 import pytest
 
 from millstream.model.codecs import DEFAULT_CODEC, PickleCodec
-from millstream.spark.bundles import BUNDLE_RECORDS, deliveries_by_key, pack_deliveries, unpack_deliveries
+from millstream.spark.bundles import (BUNDLE_RECORDS, deliveries_by_key, pack_deliveries, pack_production_columns,
+                                      unpack_deliveries, unpack_production_columns)
 
 CODECS = {"a": DEFAULT_CODEC, "b": PickleCodec()}
 
@@ -71,3 +72,11 @@ def test_a_key_groups_records_beyond_one_bundle_keep_their_order():
     by_key = deliveries_by_key(bundles[::-1], CODECS)
     assert [d.record.value for d in by_key["k1"]] == list(range(1, 3 * BUNDLE_RECORDS, 3))
     assert deliveries_by_key([], CODECS) == {}
+
+
+@pytest.mark.parametrize("streams", [["out"], ["out", "alerts"], ["out", "alerts", "dead-letters"]])
+def test_production_columns_come_back_as_the_rows_were(streams):
+    rng = random.Random(len(streams))
+    rows = [(rng.choice(streams), f"k{i}", b"%d" % i, i, f"id{i}", rng.randint(0, 2), i << 40 | i)
+            for i in range(rng.randint(1, 50))]
+    assert list(zip(*unpack_production_columns(pack_production_columns(rows)))) == rows

@@ -131,17 +131,31 @@ def unpack_productions(bundle: bytes | None) -> list[Produced]:
 
 def pack_production_columns(rows: Sequence[ProductionRow]) -> bytes:
     """A step's rows of productions as one bundle of columns, Produced's fields in order: the writer
-    extends its own lists with them and sorts in Arrow, with no Produced built per production."""
-    return flatpickle.dumps(list(zip(*rows)) if rows else [()] * len(Produced._fields))
+    extends its own lists with them and sorts in Arrow, with no Produced built per production. A
+    stream column of one name (most computations produce to one stream) travels as that name once."""
+    if not rows:
+        return flatpickle.dumps([()] * len(Produced._fields))
+    columns: list[Any] = list(zip(*rows))
+    streams = columns[0]
+    if streams.count(streams[0]) == len(streams):
+        columns[0] = streams[0]
+    return flatpickle.dumps(columns)
 
 
 def unpack_production_columns(bundle: bytes | None) -> list[tuple[Any, ...]]:
     """The columns `pack_production_columns` packed (none for no bundle).
 
     >>> rows = [("s", "k", b"v", 1, "id1", 0, 5), ("s", "k", b"w", 2, "id2", 0, 6)]
-    >>> unpack_production_columns(pack_production_columns(rows))[1:3], unpack_production_columns(None)
-    ([('k', 'k'), (b'v', b'w')], [])
+    >>> unpack_production_columns(pack_production_columns(rows))[:3], unpack_production_columns(None)
+    ([('s', 's'), ('k', 'k'), (b'v', b'w')], [])
+    >>> unpack_production_columns(pack_production_columns(rows + [("t", "k", b"x", 3, "id3", 0, 7)]))[0]
+    ('s', 's', 't')
     >>> len(unpack_production_columns(pack_production_columns([])))  # no rows: still every column
     7
     """
-    return pickle.loads(bundle) if bundle else []
+    if not bundle:
+        return []
+    columns = pickle.loads(bundle)
+    if type(columns[0]) is str:  # one stream
+        columns[0] = (columns[0],) * len(columns[1])
+    return columns  # type: ignore[no-any-return]
