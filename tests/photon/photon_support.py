@@ -42,8 +42,10 @@ def race_on_ids(target: Any, owner: str, ids: dict[str, int], order_seed: int, r
     """Claim every id of `ids` (id -> event time) for `owner` in batches of random sizes, starting
     together with the other workers; report {id: (status, winner)}. The order is a shuffle by
     `order_seed` (workers with the same seed collide on the same ids at the same moment) started at
-    fraction `rotation` of it (workers with different rotations each get ids first). A short random
-    pause between batches keeps one worker from taking every id before the others run."""
+    fraction `rotation` of it (workers with different rotations each get ids first). Every worker
+    commits its first batch, then waits at `barrier` again for the others' first batches: on a
+    loaded machine one worker could otherwise take every id before the others are scheduled at all.
+    A short random pause between batches keeps the race going after that."""
     order = list(ids)
     random.Random(order_seed).shuffle(order)
     start = int(len(order) * rotation)
@@ -53,11 +55,15 @@ def race_on_ids(target: Any, owner: str, ids: dict[str, int], order_seed: int, r
     outcomes: dict[str, tuple[str, Any]] = {}
     with target.open() as registry:
         barrier.wait()
+        first = True
         while order:
             size = rng.randint(1, 20)
             claims = [Claim(click_id, token, ids[click_id]) for click_id in order[:size]]
             del order[:size]
             _record(outcomes, claims, registry.commit_each(claims))
+            if first:
+                barrier.wait()  # the others' first batches are in: each rotation won ids of its own
+                first = False
             time.sleep(rng.random() / 1000)
     results.put((owner, outcomes))
 
