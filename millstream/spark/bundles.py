@@ -78,18 +78,17 @@ def deliveries_by_key(bundles: Sequence[DeliveryBundle], codecs: Mapping[str, An
     """
     new, encoded = tuple.__new__, Record.encoded
     deliveries: list[Delivery] = []
-    keys: list[str] = []
     for bundle in bundles:  # built bundle by bundle, in C loops where they can be (a bundle's stream is one)
         records = map(encoded, bundle.record_keys or bundle.keys, bundle.values, repeat(codecs[bundle.stream]),
                       bundle.timestamps, bundle.ids)
         deliveries.extend(map(new, repeat(Delivery), zip(bundle.keys, repeat(bundle.stream), records, bundle.segments,
                                                          repeat(bundle.dedup))))
-        keys.extend(bundle.keys)
     order = _input_order(bundles)
     if order is not None:
-        deliveries, keys = list(map(deliveries.__getitem__, order)), list(map(keys.__getitem__, order))
+        deliveries = list(map(deliveries.__getitem__, order))
     by_key: dict[str, list[Delivery]] = {}
-    for key, delivery in zip(keys, deliveries):
+    for delivery in deliveries:
+        key = delivery[0]
         group = by_key.get(key)
         if group is None:
             by_key[key] = [delivery]
