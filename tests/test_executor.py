@@ -480,6 +480,43 @@ def test_timer_production_ids_stay_unique_after_key_state_is_garbage_collected()
     assert len(set(ids)) == 5, "a timer production reused the id of an earlier one"
 
 
+
+class Derived(Record):
+    """A user's record type whose value is computed from its fields."""
+
+    __slots__ = ()
+
+    @property
+    def value(self):
+        return {"derived": self.key}
+
+
+def test_what_produce_encodes_is_the_value_user_code_would_read():
+    """A Record made by user code, one delivered and passed on (its bytes arrived under the same
+    codec: kept as they came), one of a subclass whose `value` is computed: each production holds
+    the encoding of what `record.value` reads. The context's fields read as the invocation's and
+    cannot be assigned."""
+    seen = []
+
+    class Forward(Computation):
+        def process_record(self, ctx, record):
+            seen.append((ctx.key, ctx.low_watermark, ctx.wall_time, ctx.is_late, ctx.input_stream))
+            for name in ("key", "low_watermark", "wall_time", "is_late", "input_stream"):
+                with pytest.raises(AttributeError):
+                    setattr(ctx, name, None)
+            ctx.produce(record, "out")
+            ctx.produce(Record(record.key, [record.value, 1], record.timestamp), "out")
+            ctx.produce(Derived(record.key, "ignored", record.timestamp), "out")
+
+    ex = make_executor(Forward())
+    arrived = Record.encoded("k", b'{"a":1}', JsonCodec(), 5, "r1")
+    result = ex.step([Delivery("k", "in", arrived, 0, True)], [Segment(7, 7)], 42)
+    assert seen == [("k", 7, 42, True, "in")]
+    assert [(p.key, JsonCodec().decode(p.value), p.timestamp) for p in result.productions] == [
+        ("k", {"a": 1}, 5), ("k", [{"a": 1}, 1], 5), ("k", {"derived": "k"}, 5)]
+    assert result.rows[0][2] == b'{"a":1}'  # the bytes it came with
+
+
 # -- context misuse ----------------------------------------------------------------------------------
 class Misuse(Computation):
     declared = ValueState("declared")

@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field, fields
-from typing import Any, Iterable, Mapping, NamedTuple, Sequence
+from operator import attrgetter
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, NamedTuple, Sequence
 
 import xxhash
 
@@ -182,25 +183,27 @@ class _Invocation:
         self._inputs, self._after = inputs, after
 
     # -- Context -------------------------------------------------------------------------------
-    @property
-    def key(self) -> str:
-        return self._key
+    if TYPE_CHECKING:
+        @property
+        def key(self) -> str: ...
 
-    @property
-    def low_watermark(self) -> int:
-        return self._low_watermark
+        @property
+        def low_watermark(self) -> int: ...
 
-    @property
-    def wall_time(self) -> int:
-        return self._wall_time
+        @property
+        def wall_time(self) -> int: ...
 
-    @property
-    def is_late(self) -> bool:
-        return self._late
+        @property
+        def is_late(self) -> bool: ...
 
-    @property
-    def input_stream(self) -> str | None:
-        return self._stream
+        @property
+        def input_stream(self) -> str | None: ...
+    else:  # read-only, and read with no Python frame: user code reads them once per invocation or more
+        key = property(attrgetter("_key"))
+        low_watermark = property(attrgetter("_low_watermark"))
+        wall_time = property(attrgetter("_wall_time"))
+        is_late = property(attrgetter("_late"))
+        input_stream = property(attrgetter("_stream"))
 
     def input_watermark(self, stream: str) -> int:
         for name, before, after in self._inputs:
@@ -298,9 +301,13 @@ class _Invocation:
                 type(record.timestamp) is not int:
             self._bad_production(record, stream)  # raises, unless record is of a subclass of Record
             codec = self._codecs[stream]
-        try:  # record.encoded_value(codec), inlined
-            value = record._encoded if record._codec is codec and record._encoded is not None else \
-                codec.encode(record.value)
+        try:  # record.encoded_value(codec), inlined; a Record made by user code holds its value
+            if record._codec is None and type(record) is Record:
+                value = codec.encode(record._value)
+            elif record._codec is codec and record._encoded is not None:
+                value = record._encoded
+            else:
+                value = codec.encode(record.value)
         except CodecError as error:
             raise CodecError(f"stream {stream!r}: {error}") from None
         produced = self._produced

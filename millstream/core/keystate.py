@@ -294,10 +294,13 @@ class MapCell:
             stored = self.stored
             if not stored:  # _stored_value(), inlined: the per-record path
                 return default
-            try:
-                data = stored.get(self._encode_key(key))
-            except CodecError:
-                return default
+            encoded = self.encoded.get(key)  # _encode_key(), inlined
+            if encoded is None:
+                try:
+                    encoded = self.encoded[key] = self.spec.key_codec.encode(key)
+                except CodecError:
+                    return default
+            data = stored.get(encoded)
             if data is None:
                 return default
             value = self.live[key] = self.spec.value_codec.decode(data)
@@ -346,16 +349,16 @@ class MapCell:
         if not self.live:
             return _ABSENT
         stored = self.stored  # owned by the KeyState; a failed step reloads the key from its blob
-        value_codec, encode_key = self.spec.value_codec, self._encode_key
+        value_codec, encode_key, known = self.spec.value_codec, self._encode_key, self.encoded
         removed = []
         for key, value in self.live.items():
             if value is not _REMOVED:
-                stored[encode_key(key)] = value_codec.encode(value)
+                stored[known.get(key) or encode_key(key)] = value_codec.encode(value)
                 continue
             removed.append(key)
             if stored:  # else nothing to remove: the entry was put and removed within the step
                 try:
-                    stored.pop(encode_key(key), None)
+                    stored.pop(known.get(key) or encode_key(key), None)
                 except CodecError:
                     pass  # a key the codec refuses was never stored
         for key in removed:

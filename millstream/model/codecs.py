@@ -100,8 +100,8 @@ class JsonCodec:
                 if type(key) is not str or type(item) not in _JSON_SCALARS:
                     break
             else:
-                try:
-                    return _orjson(value, _ORJSON_OPTIONS)
+                try:  # _orjson(value, _ORJSON_OPTIONS), inlined: most productions come this way
+                    return b"".join((orjson.dumps(value, option=_ORJSON_OPTIONS), b""))
                 except orjson.JSONEncodeError:  # integers beyond 64 bits: the stdlib writes them exactly
                     return _JSON_ENCODER.encode(value).encode()
         problem = _json_problem(value)
