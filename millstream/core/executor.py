@@ -74,7 +74,7 @@ class Delivery(NamedTuple):
     dedup: bool  # True for injected records: the only ones that can arrive twice
 
 
-@dataclass
+@dataclass(slots=True)
 class StepMetrics:
     records: int = 0
     duplicates: int = 0
@@ -379,6 +379,7 @@ class _KeyStep:
         self.seen_before = executor.store.seen_ids(key)  # the key's ids of earlier steps
         self.ctx = _Invocation(self.plan, self.state, key, wall_time, self.out, segments)
         self.keyed_advanced = executor.keyed_advanced
+        self.keyed_after = executor.keyed_after
         self.firings = 0
         self.timers_before = len(self.state.timers)
 
@@ -489,7 +490,7 @@ class _KeyStep:
         skip = self.skip_timers
         single = len(segments) == 1
         lw = low_watermark
-        keyed_at = {name: after for name, _, after in segments[boundary].keyed}  # keyed timers fire by these
+        keyed_at = self.keyed_after[boundary]  # keyed timers fire by these
         wall_time = self.wall_time if wall else -END_OF_TIME - 1
         key, flush_each = self.key, self.flush_each
         # What every firing shares (_begin, inlined: this is the per-timer hot path); the fields of
@@ -574,6 +575,7 @@ class KeyGroupExecutor:
         self.store = store
         self.advanced: list[int] = []
         self.keyed_advanced: dict[str, list[int]] = {}  # per watermark key, its advanced value per point
+        self.keyed_after: list[dict[str, int]] = []  # per point, Segment.keyed_after()
 
     def step(self, deliveries: Iterable[Delivery], segments: Sequence[Segment], wall_time: int,
              passthrough: Sequence[Produced] = ()) -> StepResult:
@@ -596,11 +598,12 @@ class KeyGroupExecutor:
     def _step(self, by_key: Mapping[str, Sequence[Delivery]], segments: Sequence[Segment], wall_time: int,
               passthrough: Sequence[Produced]) -> StepResult:
         self.advanced = [s.advanced_to for s in segments]
-        self.keyed_advanced = {name: [s.keyed_after()[name] for s in segments] for name, _, _ in segments[0].keyed}
+        self.keyed_after = [s.keyed_after() for s in segments]
+        self.keyed_advanced = {name: [after[name] for after in self.keyed_after] for name, _, _ in segments[0].keyed}
         last = segments[-1].advanced_to
         keys = list(by_key)
         known = set(keys)
-        keys.extend(k for k in self.store.due(last, wall_time, segments[-1].keyed_after()) if k not in known)
+        keys.extend(k for k in self.store.due(last, wall_time, self.keyed_after[-1]) if k not in known)
         blobs = self.store.load(keys)
         out: list[ProductionRow] = list(map(tuple, passthrough))  # type: ignore[arg-type]
         metrics = StepMetrics(dead_letters=len(passthrough))
