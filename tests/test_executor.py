@@ -480,7 +480,6 @@ def test_timer_production_ids_stay_unique_after_key_state_is_garbage_collected()
     assert len(set(ids)) == 5, "a timer production reused the id of an earlier one"
 
 
-
 class Derived(Record):
     """A user's record type whose value is computed from its fields."""
 
@@ -509,12 +508,13 @@ def test_what_produce_encodes_is_the_value_user_code_would_read():
             ctx.produce(Derived(record.key, "ignored", record.timestamp), "out")
 
     ex = make_executor(Forward())
-    arrived = Record.encoded("k", b'{"a":1}', JsonCodec(), 5, "r1")
+    # Bytes the codec would not write (a space): kept, they show the record's own bytes were passed on.
+    arrived = Record.encoded("k", b'{"a": 1}', ex.plan.output_codecs["out"], 5, "r1")
     result = ex.step([Delivery("k", "in", arrived, 0, True)], [Segment(7, 7)], 42)
     assert seen == [("k", 7, 42, True, "in")]
     assert [(p.key, JsonCodec().decode(p.value), p.timestamp) for p in result.productions] == [
         ("k", {"a": 1}, 5), ("k", [{"a": 1}, 1], 5), ("k", {"derived": "k"}, 5)]
-    assert result.rows[0][2] == b'{"a":1}'  # the bytes it came with
+    assert [row[2] for row in result.rows] == [b'{"a": 1}', b'[{"a":1},1]', b'{"derived":"k"}']
 
 
 # -- context misuse ----------------------------------------------------------------------------------
