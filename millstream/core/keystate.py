@@ -18,7 +18,7 @@ from __future__ import annotations
 import pickle
 from typing import Any, Iterator, NamedTuple
 
-from millstream.model.codecs import Codec, CodecError
+from millstream.model.codecs import Codec, CodecError, JsonCodec, StrCodec
 from millstream.model.records import TimeDomain, Timer
 from millstream.model.state import ListState, MapState, StateSpec, ValueState
 
@@ -256,13 +256,34 @@ class ListCell:
 
 _MISSING: Any = object()
 
+# Key codecs whose decoded keys are exactly the keys that were stored: decode(encode(k)) equals k,
+# of k's type, and equal keys hash alike (JSON has no NaN). A small stored map is indexed by its
+# decoded keys under these alone: with another codec, a key the index misses might still be stored.
+_EXACT_KEY_CODECS = (JsonCodec, StrCodec)
+# Up to this many stored entries, a map's first lookup in a step decodes all their keys (one decode
+# each) so that lookups of keys not stored encode nothing; a larger map encodes each key looked up.
+INDEXED_MAP_ENTRIES = 32
+
 
 class MapCell:
     """A map state during one step, and the handle user code gets for it. Entries are decoded one at
     a time, on first read, and kept by their (hashable) key; changed and read entries are encoded
-    again at the end of the step (a read value may have been mutated in place)."""
+    again at the end of the step (a read value may have been mutated in place).
 
-    __slots__ = ("spec", "stored", "live", "on_write", "encoded")
+    A key is found in the stored entries by its encoding, as it was stored. A small map whose key
+    codec decodes exactly (_EXACT_KEY_CODECS) first consults an index of its stored keys, decoded:
+    a key absent from it cannot be stored, so the common lookup, of a key not there yet, encodes
+    nothing; a key present in it is still looked up by its encoding.
+
+    >>> cell = MapCell(MapState("m"), {b"1": b"10", b'"a"': b"20"})
+    >>> cell.get(1), cell.get("a"), cell.get(2, 0)
+    (10, 20, 0)
+    >>> cell.put(2, 30); cell.remove("a")
+    >>> sorted(cell.encode().items())
+    [(b'1', b'10'), (b'2', b'30')]
+    """
+
+    __slots__ = ("spec", "stored", "live", "on_write", "encoded", "index")
 
     def __init__(self, spec: MapState[Any, Any], stored: dict[bytes, bytes], on_write: Any = None) -> None:
         self.spec = spec
@@ -270,6 +291,18 @@ class MapCell:
         self.live: dict[Any, Any] = {}  # key -> value (or _REMOVED) read or written this step
         self.on_write = on_write
         self.encoded: dict[Any, bytes] = {}  # key -> its encoding, for keys encoded this step
+        # The stored keys, decoded (to their encodings); None: not built, or not kept for this map.
+        self.index: dict[Any, bytes] | None = None
+
+    def _build_index(self) -> dict[Any, bytes] | None:
+        """The index of the stored keys (see the class doc), built on the first lookup of a step that
+        finds stored entries; None for a map too large, or with a key codec that may not decode exactly."""
+        stored, codec = self.stored, self.spec.key_codec
+        if len(stored) > INDEXED_MAP_ENTRIES or type(codec) not in _EXACT_KEY_CODECS:
+            return None
+        decode = codec.decode
+        index = self.index = {decode(encoded): encoded for encoded in stored}
+        return index
 
     def _encode_key(self, key: Any) -> bytes:
         data = self.encoded.get(key)
@@ -281,10 +314,16 @@ class MapCell:
         """The persisted encoding of `key`'s value, if any. A key the key codec refuses cannot have
         been stored: it is absent here (and reported when it is put, at the end of the step), so
         looking it up gives the same answer whether or not anything is stored."""
-        if not self.stored:  # nothing persisted: no key to encode for the lookup
+        stored = self.stored
+        if not stored:  # nothing persisted: no key to encode for the lookup
+            return None
+        index = self.index
+        if index is None:
+            index = self._build_index()
+        if index is not None and key not in index:
             return None
         try:
-            return self.stored.get(self._encode_key(key))
+            return stored.get(self._encode_key(key))
         except CodecError:
             return None
 
@@ -294,6 +333,11 @@ class MapCell:
             stored = self.stored
             if not stored:  # _stored_value(), inlined: the per-record path
                 return default
+            index = self.index
+            if index is None:
+                index = self._build_index()
+            if index is not None and key not in index:
+                return default  # not stored: nothing to encode
             encoded = self.encoded.get(key)  # _encode_key(), inlined
             if encoded is None:
                 try:
@@ -350,19 +394,23 @@ class MapCell:
             return _ABSENT
         stored = self.stored  # owned by the KeyState; a failed step reloads the key from its blob
         value_codec, encode_key, known = self.spec.value_codec, self._encode_key, self.encoded
+        index = self.index
         removed = []
         for key, value in self.live.items():
             if value is not _REMOVED:
                 stored[known.get(key) or encode_key(key)] = value_codec.encode(value)
                 continue
             removed.append(key)
-            if stored:  # else nothing to remove: the entry was put and removed within the step
+            # Else nothing to remove: no entry stored, or none under an equal key (index), so the
+            # entry was put and removed within the step.
+            if stored and (index is None or key in index):
                 try:
                     stored.pop(known.get(key) or encode_key(key), None)
                 except CodecError:
                     pass  # a key the codec refuses was never stored
         for key in removed:
             del self.live[key]
+        self.index = None  # the stored entries changed (a cell can be flushed and used again)
         return stored or None
 
 
