@@ -580,3 +580,37 @@ def test_a_map_key_stored_by_a_codec_that_decodes_it_differently_is_still_found(
     assert (later.get(5), later.contains(5), later.get(6)) == ("five", True, None)
     later.remove(5)
     assert later.encode() is None  # removed from what is stored
+
+
+def test_a_step_looking_up_few_keys_of_a_stored_map_decodes_none_of_its_keys(monkeypatch):
+    """The index of a map's stored keys costs a decode per entry: it is built only once a step has
+    looked up as many keys as the map holds, after which keys not stored cost no encoding."""
+    from millstream.core import keystate
+    from millstream.core.keystate import MapCell
+
+    class Counting(JsonCodec):
+        encodes = decodes = 0
+
+        def encode(self, value):
+            Counting.encodes += 1
+            return super().encode(value)
+
+        def decode(self, data):
+            Counting.decodes += 1
+            return super().decode(data)
+
+    monkeypatch.setattr(keystate, "_EXACT_KEY_CODECS", (Counting,))
+    codec = Counting()
+    stored = {codec.encode(k): b"1" for k in range(10)}
+    Counting.encodes = 0
+    cell = MapCell(MapState("m", key_codec=codec), stored)
+    assert cell.get(100) is None
+    assert (Counting.encodes, Counting.decodes) == (1, 0)  # one key looked up: by its encoding alone
+    assert [cell.get(k) for k in range(3, 12)] == [1] * 7 + [None] * 2
+    assert Counting.decodes == 0  # ten keys looked up, as many as stored: no index yet
+    assert cell.get(12) is None
+    assert Counting.decodes == 10  # the eleventh built it
+    encodes = Counting.encodes
+    assert [cell.get(k) for k in range(200, 220)] == [None] * 20
+    assert Counting.encodes == encodes  # keys not stored: found absent without encoding them
+    assert cell.get(1) == 1

@@ -260,8 +260,8 @@ _MISSING: Any = object()
 # of k's type, and equal keys hash alike (JSON has no NaN). A small stored map is indexed by its
 # decoded keys under these alone: with another codec, a key the index misses might still be stored.
 _EXACT_KEY_CODECS = (JsonCodec, StrCodec)
-# Up to this many stored entries, a map's first lookup in a step decodes all their keys (one decode
-# each) so that lookups of keys not stored encode nothing; a larger map encodes each key looked up.
+# A map of up to this many stored entries may be indexed by its decoded keys in a step (MapCell), so
+# that lookups of keys not stored encode nothing; a larger map encodes each key looked up.
 INDEXED_MAP_ENTRIES = 32
 
 
@@ -271,9 +271,11 @@ class MapCell:
     again at the end of the step (a read value may have been mutated in place).
 
     A key is found in the stored entries by its encoding, as it was stored. A small map whose key
-    codec decodes exactly (_EXACT_KEY_CODECS) first consults an index of its stored keys, decoded:
-    a key absent from it cannot be stored, so the common lookup, of a key not there yet, encodes
-    nothing; a key present in it is still looked up by its encoding.
+    codec decodes exactly (_EXACT_KEY_CODECS) also gets an index of its stored keys, decoded, once
+    a step has looked up as many keys as the map has stored entries (so building it, a decode per
+    entry, at most doubles what the lookups cost, and a step looking up few keys builds none). A
+    key absent from the index cannot be stored, so the common lookup, of a key not there yet,
+    encodes nothing; a key present in it is still looked up by its encoding.
 
     >>> cell = MapCell(MapState("m"), {b"1": b"10", b'"a"': b"20"})
     >>> cell.get(1), cell.get("a"), cell.get(2, 0)
@@ -283,7 +285,7 @@ class MapCell:
     [(b'1', b'10'), (b'2', b'30')]
     """
 
-    __slots__ = ("spec", "stored", "live", "on_write", "encoded", "index")
+    __slots__ = ("spec", "stored", "live", "on_write", "encoded", "index", "unindexed_lookups")
 
     def __init__(self, spec: MapState[Any, Any], stored: dict[bytes, bytes], on_write: Any = None) -> None:
         self.spec = spec
@@ -291,17 +293,32 @@ class MapCell:
         self.live: dict[Any, Any] = {}  # key -> value (or _REMOVED) read or written this step
         self.on_write = on_write
         self.encoded: dict[Any, bytes] = {}  # key -> its encoding, for keys encoded this step
-        # The stored keys, decoded (to their encodings); None: not built, or not kept for this map.
+        # The stored keys, decoded (to their encodings); None: not built (yet), or not for this map.
         self.index: dict[Any, bytes] | None = None
+        self.unindexed_lookups = self._lookups_before_index()
 
-    def _build_index(self) -> dict[Any, bytes] | None:
-        """The index of the stored keys (see the class doc), built on the first lookup of a step that
-        finds stored entries; None for a map too large, or with a key codec that may not decode exactly."""
-        stored, codec = self.stored, self.spec.key_codec
-        if len(stored) > INDEXED_MAP_ENTRIES or type(codec) not in _EXACT_KEY_CODECS:
-            return None
-        decode = codec.decode
-        index = self.index = {decode(encoded): encoded for encoded in stored}
+    def _lookups_before_index(self) -> int:
+        """How many keys are looked up by their encoding alone before the index is built (see the
+        class doc): as many as the stored entries; -1: none is built for this map."""
+        stored = self.stored
+        if len(stored) > INDEXED_MAP_ENTRIES or type(self.spec.key_codec) not in _EXACT_KEY_CODECS:
+            return -1
+        return len(stored)
+
+    def _index_for_lookup(self) -> dict[Any, bytes] | None:
+        """The index, for a lookup about to be made: built if this is the lookup it waited for."""
+        index = self.index
+        if index is None:
+            left = self.unindexed_lookups
+            if left > 0:
+                self.unindexed_lookups = left - 1
+            elif left == 0:
+                index = self._build_index()
+        return index
+
+    def _build_index(self) -> dict[Any, bytes]:
+        decode = self.spec.key_codec.decode
+        index = self.index = {decode(encoded): encoded for encoded in self.stored}
         return index
 
     def _encode_key(self, key: Any) -> bytes:
@@ -317,9 +334,7 @@ class MapCell:
         stored = self.stored
         if not stored:  # nothing persisted: no key to encode for the lookup
             return None
-        index = self.index
-        if index is None:
-            index = self._build_index()
+        index = self._index_for_lookup()
         if index is not None and key not in index:
             return None
         try:
@@ -333,9 +348,13 @@ class MapCell:
             stored = self.stored
             if not stored:  # _stored_value(), inlined: the per-record path
                 return default
-            index = self.index
+            index = self.index  # _index_for_lookup(), inlined
             if index is None:
-                index = self._build_index()
+                left = self.unindexed_lookups
+                if left > 0:
+                    self.unindexed_lookups = left - 1
+                elif left == 0:
+                    index = self._build_index()
             if index is not None and key not in index:
                 return default  # not stored: nothing to encode
             encoded = self.encoded.get(key)  # _encode_key(), inlined
@@ -411,6 +430,7 @@ class MapCell:
         for key in removed:
             del self.live[key]
         self.index = None  # the stored entries changed (a cell can be flushed and used again)
+        self.unindexed_lookups = self._lookups_before_index()
         return stored or None
 
 
