@@ -285,7 +285,7 @@ class MapCell:
     [(b'1', b'10'), (b'2', b'30')]
     """
 
-    __slots__ = ("spec", "stored", "live", "on_write", "encoded", "index", "unindexed_lookups")
+    __slots__ = ("spec", "stored", "live", "on_write", "encoded", "first_forms", "index", "unindexed_lookups")
 
     def __init__(self, spec: MapState[Any, Any], stored: dict[bytes, bytes], on_write: Any = None) -> None:
         self.spec = spec
@@ -293,6 +293,9 @@ class MapCell:
         self.live: dict[Any, Any] = {}  # key -> value (or _REMOVED) read or written this step
         self.on_write = on_write
         self.encoded: dict[Any, bytes] = {}  # key -> its encoding, for keys encoded this step
+        # key -> the form (1 or 1.0: equal keys, other encodings) it was first looked up in, for keys
+        # the index answered without encoding: encoded later, as if that first lookup had encoded it.
+        self.first_forms: dict[Any, Any] = {}
         # The stored keys, decoded (to their encodings); None: not built (yet), or not for this map.
         self.index: dict[Any, bytes] | None = None
         self.unindexed_lookups = self._lookups_before_index()
@@ -324,7 +327,15 @@ class MapCell:
     def _encode_key(self, key: Any) -> bytes:
         data = self.encoded.get(key)
         if data is None:
-            data = self.encoded[key] = self.spec.key_codec.encode(key)
+            encode = self.spec.key_codec.encode
+            form = self.first_forms.pop(key, key) if self.first_forms else key
+            try:
+                data = encode(form)
+            except CodecError:
+                if form is key:
+                    raise
+                data = encode(key)  # the first form was refused: its lookup would have cached nothing
+            self.encoded[key] = data
         return data
 
     def _stored_value(self, key: Any) -> bytes | None:
@@ -336,6 +347,7 @@ class MapCell:
             return None
         index = self._index_for_lookup()
         if index is not None and key not in index:
+            self.first_forms.setdefault(key, key)
             return None
         try:
             return stored.get(self._encode_key(key))
@@ -356,11 +368,15 @@ class MapCell:
                 elif left == 0:
                     index = self._build_index()
             if index is not None and key not in index:
+                self.first_forms.setdefault(key, key)
                 return default  # not stored: nothing to encode
-            encoded = self.encoded.get(key)  # _encode_key(), inlined
+            encoded = self.encoded.get(key)  # _encode_key(), inlined where no first form waits
             if encoded is None:
                 try:
-                    encoded = self.encoded[key] = self.spec.key_codec.encode(key)
+                    if self.first_forms:
+                        encoded = self._encode_key(key)
+                    else:
+                        encoded = self.encoded[key] = self.spec.key_codec.encode(key)
                 except CodecError:
                     return default
             data = stored.get(encoded)
@@ -427,6 +443,8 @@ class MapCell:
                     stored.pop(known.get(key) or encode_key(key), None)
                 except CodecError:
                     pass  # a key the codec refuses was never stored
+            elif stored and key not in known:
+                self.first_forms.setdefault(key, key)  # as if encoded for the removal (see first_forms)
         for key in removed:
             del self.live[key]
         self.index = None  # the stored entries changed (a cell can be flushed and used again)
