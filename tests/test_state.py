@@ -672,3 +672,55 @@ def test_the_map_index_changes_nothing_for_keys_equal_across_types(monkeypatch):
     keys = [0, 1, 1.0, True, False, 0.0, -0.0, 2, "a", "1", None]
     for seed in range(400):
         assert _map_session(seed, keys, monkeypatch, True) == _map_session(seed, keys, monkeypatch, False), seed
+
+
+@pytest.mark.xfail(strict=True, reason="known defect (twenty-third session's review): JsonCodec.decode reads "
+                   "ints of 19 digits below -2**63 through orjson, as floats; not fixed yet")
+def test_json_codec_decodes_negative_ints_of_nineteen_digits_exactly():
+    from millstream.model.codecs import JsonCodec
+
+    codec = JsonCodec()
+    for value in (-(2**63) - 1, -9999999999999999999, {"n": -9999999999999999999}):
+        assert codec.decode(codec.encode(value)) == value
+
+
+@pytest.mark.xfail(strict=True, reason="known defect (twenty-third session's review): the stored-key index holds "
+                   "-1e19 for the stored int -9999999999999999999 (see the JSON decode defect above), so the "
+                   "key reads as absent and cannot be removed; not fixed yet")
+def test_a_big_negative_int_map_key_is_found_and_removed_once_the_index_is_built():
+    from millstream.core.keystate import KeyState
+
+    spec, key = MapState("m"), -9999999999999999999
+    state = KeyState()
+    state.cell(spec).put(key, "v")
+    state.flush({"m": spec})
+    state = KeyState.loads(state.dumps())
+    cell = state.cell(spec)
+    cell.get("x")  # one stored entry: the second lookup builds the index
+    assert cell.get(key, "absent") == "v" and cell.contains(key)
+    cell.remove(key)
+    state.flush({"m": spec})
+    assert not state.values.get("m")
+
+
+@pytest.mark.xfail(strict=True, reason="known defect (twenty-third session's review): a flush that fails part "
+                   "way leaves the stored-key index of before it; not fixed yet (the executor discards such a "
+                   "key's state, so only direct use of KeyState meets it)")
+def test_a_failed_flush_leaves_no_stale_map_index():
+    from millstream.core.keystate import KeyState
+    from millstream.model.codecs import CodecError
+
+    spec = MapState("m")
+    state = KeyState()
+    state.cell(spec).put("a", 0)
+    state.flush({"m": spec})
+    state = KeyState.loads(state.dumps())
+    cell = state.cell(spec)
+    cell.get("y"), cell.get("z")  # the second lookup of a one-entry map builds the index
+    cell.put("b", 1)
+    cell.put((1, 2), 2)  # refused by JSON at the flush, after "b" was stored
+    with pytest.raises(CodecError):
+        state.flush({"m": spec})
+    cell.clear()
+    state.flush({"m": spec})
+    assert not state.values.get("m") and len(cell) == 0

@@ -272,8 +272,8 @@ class MapCell:
 
     A key is found in the stored entries by its encoding, as it was stored. A small map whose key
     codec decodes exactly (_EXACT_KEY_CODECS) also gets an index of its stored keys, decoded, once
-    a step has looked up as many keys as the map has stored entries (so building it, a decode per
-    entry, at most doubles what the lookups cost, and a step looking up few keys builds none). A
+    a step has made as many lookups as the map has stored entries (a step looking up few keys builds
+    none; repeated lookups of one key count each time, so a step can pay the decodes for one key). A
     key absent from the index cannot be stored, so the common lookup, of a key not there yet,
     encodes nothing; a key present in it is still looked up by its encoding.
 
