@@ -272,10 +272,10 @@ class MapCell:
 
     A key is found in the stored entries by its encoding, as it was stored. A small map whose key
     codec decodes exactly (_EXACT_KEY_CODECS) also gets an index of its stored keys, decoded, once
-    a step has made as many lookups as the map has stored entries (a step looking up few keys builds
-    none; repeated lookups of one key count each time, so a step can pay the decodes for one key). A
-    key absent from the index cannot be stored, so the common lookup, of a key not there yet,
-    encodes nothing; a key present in it is still looked up by its encoding.
+    a step has encoded as many distinct keys for lookups as the map has stored entries (a step looking
+    up few keys builds none: it decodes no more keys than the step has encoded). A key absent from
+    the index cannot be stored, so the common lookup, of a key not there yet, encodes nothing; a key
+    present in it is still looked up by its encoding.
 
     >>> cell = MapCell(MapState("m"), {b"1": b"10", b'"a"': b"20"})
     >>> cell.get(1), cell.get("a"), cell.get(2, 0)
@@ -309,14 +309,10 @@ class MapCell:
         return len(stored)
 
     def _index_for_lookup(self) -> dict[Any, bytes] | None:
-        """The index, for a lookup about to be made: built if this is the lookup it waited for."""
+        """The index, for a lookup about to be made: built if the map has waited for enough keys."""
         index = self.index
-        if index is None:
-            left = self.unindexed_lookups
-            if left > 0:
-                self.unindexed_lookups = left - 1
-            elif left == 0:
-                index = self._build_index()
+        if index is None and self.unindexed_lookups == 0:
+            index = self._build_index()
         return index
 
     def _build_index(self) -> dict[Any, bytes]:
@@ -336,6 +332,9 @@ class MapCell:
                     raise
                 data = encode(key)  # the first form was refused: its lookup would have cached nothing
             self.encoded[key] = data
+            left = self.unindexed_lookups  # a key encoded for the first time: one nearer the index
+            if left > 0:
+                self.unindexed_lookups = left - 1
         return data
 
     def _stored_value(self, key: Any) -> bytes | None:
@@ -361,12 +360,8 @@ class MapCell:
             if not stored:  # _stored_value(), inlined: the per-record path
                 return default
             index = self.index  # _index_for_lookup(), inlined
-            if index is None:
-                left = self.unindexed_lookups
-                if left > 0:
-                    self.unindexed_lookups = left - 1
-                elif left == 0:
-                    index = self._build_index()
+            if index is None and self.unindexed_lookups == 0:
+                index = self._build_index()
             if index is not None and key not in index:
                 self.first_forms.setdefault(key, key)
                 return default  # not stored: nothing to encode
@@ -377,6 +372,9 @@ class MapCell:
                         encoded = self._encode_key(key)
                     else:
                         encoded = self.encoded[key] = self.spec.key_codec.encode(key)
+                        left = self.unindexed_lookups
+                        if left > 0:
+                            self.unindexed_lookups = left - 1
                 except CodecError:
                     return default
             data = stored.get(encoded)
@@ -431,24 +429,26 @@ class MapCell:
         value_codec, encode_key, known = self.spec.value_codec, self._encode_key, self.encoded
         index = self.index
         removed = []
-        for key, value in self.live.items():
-            if value is not _REMOVED:
-                stored[known.get(key) or encode_key(key)] = value_codec.encode(value)
-                continue
-            removed.append(key)
-            # Else nothing to remove: no entry stored, or none under an equal key (index), so the
-            # entry was put and removed within the step.
-            if stored and (index is None or key in index):
-                try:
-                    stored.pop(known.get(key) or encode_key(key), None)
-                except CodecError:
-                    pass  # a key the codec refuses was never stored
-            elif stored and key not in known:
-                self.first_forms.setdefault(key, key)  # as if encoded for the removal (see first_forms)
+        try:
+            for key, value in self.live.items():
+                if value is not _REMOVED:
+                    stored[known.get(key) or encode_key(key)] = value_codec.encode(value)
+                    continue
+                removed.append(key)
+                # Else nothing to remove: no entry stored, or none under an equal key (index), so the
+                # entry was put and removed within the step.
+                if stored and (index is None or key in index):
+                    try:
+                        stored.pop(known.get(key) or encode_key(key), None)
+                    except CodecError:
+                        pass  # a key the codec refuses was never stored
+                elif stored and key not in known:
+                    self.first_forms.setdefault(key, key)  # as if encoded for the removal (see first_forms)
+        finally:  # the stored entries changed, even if a value was refused part way
+            self.index = None
+            self.unindexed_lookups = self._lookups_before_index()
         for key in removed:
             del self.live[key]
-        self.index = None  # the stored entries changed (a cell can be flushed and used again)
-        self.unindexed_lookups = self._lookups_before_index()
         return stored or None
 
 

@@ -34,7 +34,8 @@ _ORJSON_OPTIONS = orjson.OPT_SORT_KEYS
 # Built once: json.dumps with options builds a new encoder per call.
 _JSON_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
 _JSON_DECODER = json.JSONDecoder()
-_BIG_INTEGER = re.compile(rb"\d{20}")
+# orjson reads integers outside [-2**63, 2**64) as floats: 20 digits, or 19 after a minus sign.
+_BIG_INTEGER = re.compile(rb"-\d{19}|\d{20}")
 
 
 def _orjson(value: Any, option: int = 0) -> bytes:
@@ -42,6 +43,20 @@ def _orjson(value: Any, option: int = 0) -> bytes:
     output buffer (a kilobyte or more) for as long as it lives, and encoded values live on in
     productions and state until the step ends."""
     return b"".join((orjson.dumps(value, option=option), b""))  # joining two parts copies: cheaper than a memoryview
+
+
+def _stdlib_json(value: Any) -> bytes:
+    """The stdlib's JSON text of what orjson refuses: integers beyond 64 bits (written exactly) and
+    text with surrogates (escaped). A high surrogate followed by a low one is refused: JSON reads the
+    two escapes back as one character."""
+    text = _JSON_ENCODER.encode(value)
+    if "\\ud" in text and _JSON_DECODER.decode(text) != value:
+        raise CodecError(
+            "JSON cannot store text holding a surrogate pair as two characters (JSON reads it back as "
+            "one character); join it with .encode('utf-16', 'surrogatepass').decode('utf-16'), or use "
+            "a codec such as millstream.PickleCodec()"
+        )
+    return text.encode()
 
 
 def _json_problem(value: Any) -> str | None:
@@ -94,7 +109,10 @@ class JsonCodec:
         if kind is int:
             return b"%d" % value  # JSON's text of any int, exactly
         if kind is str:
-            return _orjson(value)
+            try:
+                return _orjson(value)
+            except orjson.JSONEncodeError:
+                return _stdlib_json(value)
         if kind is dict:  # the common flat record: str keys, scalar values (what _json_problem allows)
             for key, item in value.items():
                 if type(key) is not str or type(item) not in _JSON_SCALARS:
@@ -102,8 +120,8 @@ class JsonCodec:
             else:
                 try:  # _orjson(value, _ORJSON_OPTIONS), inlined: most productions come this way
                     return b"".join((orjson.dumps(value, option=_ORJSON_OPTIONS), b""))
-                except orjson.JSONEncodeError:  # integers beyond 64 bits: the stdlib writes them exactly
-                    return _JSON_ENCODER.encode(value).encode()
+                except orjson.JSONEncodeError:
+                    return _stdlib_json(value)
         problem = _json_problem(value)
         if problem is not None:
             raise CodecError(
@@ -113,11 +131,11 @@ class JsonCodec:
             )
         try:
             return _orjson(value, _ORJSON_OPTIONS)
-        except orjson.JSONEncodeError:  # integers beyond 64 bits: the stdlib writes them exactly
-            return _JSON_ENCODER.encode(value).encode()
+        except orjson.JSONEncodeError:
+            return _stdlib_json(value)
 
     def decode(self, data: bytes) -> Any:
-        # orjson reads integers beyond 64 bits as floats: such texts take the exact stdlib path.
+        # Texts that may hold such an integer take the exact stdlib path.
         if len(data) < 20 or _BIG_INTEGER.search(data) is None:
             try:
                 return orjson.loads(data)
@@ -176,7 +194,13 @@ class StrCodec:
     def encode(self, value: Any) -> bytes:
         if not isinstance(value, str):
             raise CodecError(f"StrCodec needs str, got {type(value).__name__}")
-        return value.encode()
+        try:
+            return value.encode()
+        except UnicodeEncodeError as error:
+            raise CodecError(
+                f"StrCodec cannot store {value[error.start:error.end]!r} in {value[:40]!r}: a lone surrogate "
+                "has no UTF-8; use millstream.JsonCodec(), which writes it as an escape"
+            ) from None
 
     def decode(self, data: bytes) -> Any:
         return bytes(data).decode()
