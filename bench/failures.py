@@ -15,11 +15,30 @@ from __future__ import annotations
 import time
 
 from bench.common import cli
-from millstream import Computation, Pipeline, Record, ScriptedInjector
+from millstream import Computation, ListState, Pipeline, Record, ScriptedInjector
+from millstream.core import executor
 from millstream.core.executor import Delivery, KeyGroupExecutor
 from millstream.core.plan import plan_computation
 from millstream.core.store import MemoryKeyStore
 from millstream.core.watermarks import Segment
+from millstream.model.records import END_OF_TIME
+
+
+class GrowingFailsOnce(Computation):
+    """Fails on the record of value 1 only; every record appends to the key's list state (decoded whole
+    each step) and sets a timer: the key's step copies a growing state at each checkpoint."""
+
+    seen = ListState("seen")
+
+    def __init__(self) -> None:
+        self.invocations = 0
+
+    def process_record(self, ctx, record):
+        self.invocations += 1
+        ctx.state(self.seen).append(record.value)
+        ctx.set_timer(f"t{record.value}", END_OF_TIME)
+        if record.value == 1:
+            raise ValueError("refused 1")
 
 
 class FailEvery(Computation):
@@ -36,8 +55,8 @@ class FailEvery(Computation):
         ctx.produce(Record(ctx.key, record.value, record.timestamp), "out")
 
 
-def one_step(records: int, every: int) -> dict:
-    computation = FailEvery(every)
+def one_step(records: int, every: int, computation: Computation | None = None) -> dict:
+    computation = computation or FailEvery(every)
     pipeline = Pipeline("failures").add_injector("src", ScriptedInjector("src", []), "in")
     pipeline.add_computation("c", computation, ["in"], ["out"], on_error="dead_letter")
     executor = KeyGroupExecutor(plan_computation(pipeline, "c", key_groups=1), MemoryKeyStore())
@@ -45,7 +64,7 @@ def one_step(records: int, every: int) -> dict:
     started = time.process_time()
     result = executor.step(deliveries, [Segment(-1, records)], 0)
     cpu_s = time.process_time() - started
-    expected_dead = records // every if every else 0
+    expected_dead = records // every if every else 0 if not isinstance(computation, GrowingFailsOnce) else 1
     assert result.metrics.dead_letters == expected_dead and result.metrics.records == records - expected_dead
     return {"failing_every": every or None, "dead_letters": expected_dead, "invocations": computation.invocations,
             "invocations_per_record": round(computation.invocations / records, 3),
@@ -60,7 +79,22 @@ def main(quick: bool) -> dict:
         run["cpu_vs_no_failures"] = round(run["cpu_us_per_record"] / baseline, 2)
         print(f"every {run['failing_every'] or 'none':>5}: {run['invocations_per_record']:6.3f} invocations per record, "
               f"{run['cpu_us_per_record']:8.2f} us CPU per record ({run['cpu_vs_no_failures']}x no failures)")
-    return {"records_of_the_key": records, "runs": runs}
+    # One early failure, then a growing state: checkpoints (a copy of the key's state each) against
+    # starting the step over (executor.CHECKPOINT_RECORDS = 0), alternating, best of three each.
+    growing: dict[str, list[float]] = {"checkpoints": [], "starting over": []}
+    for _ in range(3):
+        for name, every_records in (("checkpoints", executor.CHECKPOINT_RECORDS), ("starting over", 0)):
+            saved, executor.CHECKPOINT_RECORDS = executor.CHECKPOINT_RECORDS, every_records
+            try:
+                growing[name].append(one_step(records, 0, GrowingFailsOnce())["cpu_us_per_record"])
+            finally:
+                executor.CHECKPOINT_RECORDS = saved
+    best = {name: min(times) for name, times in growing.items()}
+    ratio = round(best["checkpoints"] / best["starting over"], 2)
+    print(f"one early failure, a growing list and a timer per record: {best['checkpoints']:.2f} us CPU per record "
+          f"with checkpoints, {best['starting over']:.2f} starting over ({ratio}x)")
+    return {"records_of_the_key": records, "runs": runs,
+            "one_failure_growing_state_us_per_record": best, "checkpoints_vs_starting_over": ratio}
 
 
 if __name__ == "__main__":

@@ -774,3 +774,192 @@ def test_dead_letters_name_the_failing_records_of_every_input_point_and_leave_no
         values, _ = inspect_key(ex.plan, ex.store.load([key]).get(key))
         assert values.get("seen", []) == expected[key]
     assert result.metrics.dead_letters == sum(map(len, expected_dead.values()))
+
+
+# -- dead letters with checkpoints: linear cost, the same outcome ---------------------------------------
+class Scripted(Computation):
+    """Each record's value is a script of state operations, timers and productions; "fail" raises
+    there (after the operations before it: they must leave no trace). Timers fail when their tag says
+    so. Counts its invocations."""
+
+    total = ValueState("total", default=0)
+    log = ListState("log")
+    entries = MapState("entries")
+    strict = MapState("strict", key_codec=StrCodec())  # refuses int keys: only a flush finds out
+    defaulted = ValueState("defaulted", default=[])
+    recent = ListState("recent", ttl_ms=50)
+
+    def __init__(self) -> None:
+        self.invocations = 0
+
+    def process_record(self, ctx, record):
+        self.invocations += 1
+        self.run(ctx, record.value, record.timestamp)
+
+    def process_timer(self, ctx, timer):
+        self.invocations += 1
+        ctx.produce(Record(ctx.key, ["fired", timer.tag, ctx.state(self.total).get()], timer.time), "out")
+        if timer.tag.startswith("bad"):
+            raise ValueError(f"timer {timer.tag}")
+
+    def run(self, ctx, script, timestamp):
+        for op, arg in script:
+            if op == "add":
+                total = ctx.state(self.total)
+                total.set(total.get() + arg)
+            elif op == "log":
+                ctx.state(self.log).append(arg)
+            elif op == "put":
+                entries = ctx.state(self.entries)
+                entries.put(arg % 7, entries.get(arg % 7, 0) + arg)
+            elif op == "remove":
+                ctx.state(self.entries).remove(arg % 7)
+            elif op == "mutate":  # in place, on a value read from state: a rollback must undo it too
+                log = ctx.state(self.log)
+                items = list(log.get())
+                if items:
+                    log.clear()
+                    for item in items:
+                        log.append(item + arg)
+            elif op == "items":  # the map's iteration order is visible to user code
+                ctx.produce(Record(ctx.key, [k for k, _ in ctx.state(self.entries).items()], timestamp), "out")
+            elif op == "strict":  # an int key is refused when stored: fine if removed before the flush
+                ctx.state(self.strict).put(arg if arg % 3 == 0 else str(arg), arg)
+            elif op == "unstrict":
+                strict = ctx.state(self.strict)
+                for k in list(strict.keys()):
+                    strict.remove(k)
+            elif op == "default":  # a mutable default, changed and put back as it was
+                defaulted = ctx.state(self.defaulted)
+                value = defaulted.get()
+                value.append(arg)
+                value.remove(arg)
+                defaulted.set(value)
+            elif op == "refill":  # a TTL'd list emptied and refilled in place
+                recent = ctx.state(self.recent)
+                items = list(recent.get())
+                recent.clear()
+                for item in items + [arg]:
+                    recent.append(item)
+            elif op == "timer":
+                ctx.set_timer(arg, timestamp + 5)
+            elif op == "untimer":
+                ctx.delete_timer(arg)
+            elif op == "produce":
+                ctx.produce(Record(ctx.key, [arg, ctx.state(self.total).get()], timestamp), "out")
+            elif op == "clear":
+                ctx.clear()
+            elif op == "fail":
+                raise ValueError(f"failed at {arg}")
+
+
+def _random_script(rng: random.Random, failing: float) -> list:
+    ops = []
+    for _ in range(rng.randrange(1, 5)):
+        op = rng.choice(["add", "log", "put", "put", "remove", "mutate", "timer", "untimer", "produce", "items",
+                         "strict", "unstrict", "unstrict", "default", "refill"] if rng.random() > 0.03 else ["clear"])
+        arg = (rng.choice(["t1", "t2", "bad1"]) if op in ("timer", "untimer") else rng.randrange(100))
+        ops.append([op, arg])
+    if rng.random() < failing:
+        ops.insert(rng.randrange(len(ops) + 1), ["fail", rng.randrange(100)])
+    return ops
+
+
+def _scripted_steps(seed: int, checkpoint_records: int, monkeypatch) -> list:
+    """Three steps of random scripts over three keys, several input points, duplicates and late
+    records: every step's output rows, metrics and each key's state after it."""
+    from millstream.core import executor as executor_module
+
+    monkeypatch.setattr(executor_module, "CHECKPOINT_RECORDS", checkpoint_records)
+    rng = random.Random(seed)
+    ex = make_executor(Scripted(), on_error="dead_letter")
+    seen, outcome = [], []
+    for s in range(3):
+        points = rng.randrange(1, 4)
+        segments = [Segment(100 * (3 * s + j), 100 * (3 * s + j) + 50) for j in range(points)]
+        deliveries = []
+        for j in range(points):
+            for n in range(rng.randrange(0, 40)):
+                key = f"k{rng.randrange(3)}"
+                if seen and rng.random() < 0.05:
+                    deliveries.append(rng.choice(seen))  # a duplicate (of a record of this step or before)
+                    continue
+                ts = 100 * (3 * s + j) + rng.randrange(-20, 50)  # some late
+                d = Delivery(key, "in", Record(key, _random_script(rng, 0.25), ts, f"r{s}-{j}-{n}"), j, True)
+                deliveries.append(d)
+                seen.append(d)
+        deliveries = [d._replace(segment=min(d.segment, points - 1)) for d in deliveries]
+        deliveries.sort(key=lambda d: d.segment)
+        result = ex.step(deliveries, segments, 1_000 * s)
+        outcome.append(([tuple(p) for p in result.productions], result.metrics.as_dict()))
+        outcome.append({key: inspect_key(ex.plan, ex.store.load([key]).get(key)) for key in ("k0", "k1", "k2")})
+    return outcome
+
+
+def test_checkpoints_change_no_outcome_of_failing_steps(monkeypatch):
+    """The same failures with and without checkpoints (every failure rerunning the key's step from
+    its start, the rule before them): the same productions, dead letters, metrics and state, map
+    order included. Checkpoints encode nothing: a value only the step's end can store, a mutable
+    default put back, a TTL'd list refilled in place come out as without them."""
+    differing = [(seed, every) for seed in range(60) for every in (1, 3, 16)
+                 if _scripted_steps(seed, 0, monkeypatch) != _scripted_steps(seed, every, monkeypatch)]
+    assert not differing
+
+
+def test_a_key_failing_often_costs_invocations_linear_in_its_records():
+    computation = Scripted()
+    ex = make_executor(computation, on_error="dead_letter")
+    records = 600
+    deliveries = [deliver("k", [["add", 1]] + ([["fail", n]] if n % 2 else []), n, f"r{n}") for n in range(records)]
+    result = step(ex, deliveries, records, 0)
+    assert result.metrics.dead_letters == records // 2
+    assert inspect_key(ex.plan, ex.store.load(["k"])["k"])[0]["total"] == records // 2
+    assert computation.invocations <= 3 * records, computation.invocations
+
+
+@pytest.mark.parametrize("points", [1, 3])
+def test_code_that_fails_at_random_loses_and_repeats_nothing(points):
+    """User code that fails differently on every run (not deterministic), over several input points,
+    with timers that fail at random too: each record ends either dead-lettered once or kept once with
+    its production made once, and each kept record's timer fired once or dead-lettered once."""
+
+    class Flaky(Computation):
+        seen = ListState("seen")
+
+        def __init__(self) -> None:
+            self.rng = random.Random(11)
+
+        def process_record(self, ctx, record):
+            ctx.state(self.seen).append(record.id)
+            ctx.produce(Record(ctx.key, record.id, record.timestamp), "out")
+            ctx.set_timer(record.id, record.timestamp + 1)
+            if self.rng.random() < 0.2:
+                raise ValueError("flaky")
+
+        def process_timer(self, ctx, timer):
+            ctx.produce(Record(ctx.key, "fired " + timer.tag, timer.time), "out")
+            if self.rng.random() < 0.03:  # each timer failure runs the key's step again from its start
+                raise ValueError("flaky timer")
+
+    ex = make_executor(Flaky(), on_error="dead_letter")
+    records = 300
+    segments = [Segment(1000 * j - 1, 1000 * j + 999) for j in range(points)]
+    deliveries = [Delivery(f"k{n % 3}", "in", Record(f"k{n % 3}", n, 1000 * (n * points // records) + n % 500,
+                                                     f"r{n}"), n * points // records, True) for n in range(records)]
+    result = ex.step(deliveries, segments, 0)
+    letters = [ex.plan.output_codecs["dead_letters"].decode(p.value) for p in result.productions
+               if p.stream == "dead_letters"]
+    dead = [letter["record_id"] for letter in letters if letter["record_id"]]
+    dead_timers = [letter["timer"]["tag"] for letter in letters if not letter["record_id"]]
+    produced = [ex.plan.output_codecs["out"].decode(p.value) for p in result.productions if p.stream == "out"]
+    fired = [value.split()[1] for value in produced if value.startswith("fired ")]
+    produced = [value for value in produced if not value.startswith("fired ")]
+    kept = [rid for key in ("k0", "k1", "k2") for rid in inspect_key(ex.plan, ex.store.load([key])[key])[0]["seen"]]
+    assert len(dead) == len(set(dead)) and 20 < len(dead) < 250 and dead_timers
+    assert sorted(produced) == sorted(kept) and len(kept) == len(set(kept))
+    assert sorted(dead + kept) == sorted(f"r{n}" for n in range(records))
+    assert sorted(fired + dead_timers) == sorted(kept)
+    assert (result.metrics.records, result.metrics.dead_letters) == (len(kept), len(dead) + len(dead_timers))
+    for key in ("k0", "k1", "k2"):  # in input order
+        ids = inspect_key(ex.plan, ex.store.load([key])[key])[0]["seen"]
+        assert ids == sorted(ids, key=lambda rid: int(rid[1:]))

@@ -20,7 +20,10 @@ same input points whatever batching the runner chose.
 Errors in user code follow the computation's policy: `fail` raises ComputationFailed naming the
 computation, stream, key and record with the user's traceback; `dead_letter` rolls the key back to
 the start of the step, publishes a dead letter for the failing record or timer, and runs the key's
-step again without it, so the failed invocation leaves no trace.
+step again without it, so the failed invocation leaves no trace. That run, and any after it, keeps a
+checkpoint of the key every CHECKPOINT_RECORDS records: a later failing record rolls the key back to
+the last checkpoint only and replays the records since, so a key's failures cost invocations linear
+in its records, not quadratic.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field, fields
 from operator import attrgetter
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, NamedTuple, Sequence
 
 import xxhash
 
@@ -49,6 +52,10 @@ __all__ = ["ComputationError", "ComputationFailed", "Delivery", "KeyGroupExecuto
 
 # A key's timers that keep re-arming themselves behind the watermark would loop inside one step.
 MAX_TIMER_FIRINGS_PER_STEP = 100_000
+# In a key's step run again after a failure, the key's state is checkpointed every this many records,
+# so that a later failure replays at most this many (0: no checkpoints, every failure reruns the step).
+CHECKPOINT_RECORDS = 16
+MAX_CHECKPOINT_RECORDS = 256  # the records between checkpoints double up to this while none fails
 _WALL, _LOW_WATERMARK = TimeDomain.WALL_TIME, TimeDomain.LOW_WATERMARK
 _new_tuple = tuple.__new__  # a NamedTuple without its Python-level __new__
 _hex128 = xxhash.xxh3_128_hexdigest
@@ -129,6 +136,19 @@ def _positions(items: Sequence[Delivery], first: int, chosen: Sequence[Delivery]
     return tuple(position for position, delivery in enumerate(items, first) if id(delivery) in wanted)
 
 
+class _Checkpoint(NamedTuple):
+    """A key's step between two records of an input point (_KeyStep.checkpoint): what a rollback to
+    it restores."""
+
+    state: KeyState  # a copy of the key's state (KeyState.step_copy)
+    productions: int  # len(_KeyStep.out)
+    seen: int  # len(_KeyStep.seen): the dedup ids of this step, in the order added
+    metrics: "StepMetrics"
+    order: int  # _Invocation._order: the position of the key's next production
+    set_at: dict[str, int]
+    timer_changes: int
+
+
 class _StateFlushFailed(Exception):
     """A state value could not be encoded at the end of the key's step: the culprit is unknown yet."""
 
@@ -174,6 +194,18 @@ class _Invocation:
         self._order = order_base(key)  # position of the key's next production in the step's output
         self._name = plan.name
         self._codecs = plan.output_codecs
+
+    def position(self) -> tuple[int, dict[str, int], int]:
+        """(the key's next production's order, set_at, timer_changes): what rewind() takes back."""
+        return self._order, dict(self.set_at), self.timer_changes
+
+    def rewind(self, state: KeyState, order: int, set_at: dict[str, int], timer_changes: int) -> None:
+        """Continue on `state` (a checkpoint's, copied again) from position() as it was then."""
+        self._state, self._timers = state, state.timers
+        self._handles.clear()
+        self._by_spec.clear()
+        self._last_spec, self._last_handle = _NO_SPEC, None
+        self._order, self.set_at, self.timer_changes = order, dict(set_at), timer_changes
 
     def _begin(self, cause: str, setter: str | None, stream: str | None, late: bool, low_watermark: int,
                segment: int, advanced: int, inputs: tuple[tuple[str, int, int], ...] = (),
@@ -365,7 +397,7 @@ class _KeyStep:
 
     def __init__(self, executor: "KeyGroupExecutor", key: str, blob: bytes | None, segments: Sequence[Segment],
                  wall_time: int, skip_items: set[int], skip_timers: set[tuple[str, int, str]],
-                 flush_each: bool) -> None:
+                 flush_each: bool, on_failure: Callable[[_UserFailure], None] | None = None) -> None:
         self.plan = executor.plan
         self.key = key
         self.state = KeyState.loads(blob) if blob is not None else KeyState()
@@ -375,6 +407,11 @@ class _KeyStep:
         self.out: list[ProductionRow] = []
         self.metrics = StepMetrics()
         self.skip_items, self.skip_timers, self.flush_each = skip_items, skip_timers, flush_each
+        # Given (a run after a failure, dead_letter policy): records are delivered between checkpoints,
+        # and a record's failure is handed to it (the policy: dead letter, skip) and rolled back in place.
+        # (Not with flush_each: checkpoints hold the persisted encodings, valid only between flushes.)
+        checkpoints = CHECKPOINT_RECORDS and not executor.plan.batched and not flush_each
+        self.on_failure = on_failure if checkpoints else None
         self.seen: dict[str, int] = {}  # ids of injected records this step, with their marks
         self.seen_before = executor.store.seen_ids(key)  # the key's ids of earlier steps
         self.ctx = _Invocation(self.plan, self.state, key, wall_time, self.out, segments)
@@ -382,12 +419,13 @@ class _KeyStep:
         self.keyed_after = executor.keyed_after
         self.firings = 0
         self.timers_before = len(self.state.timers)
+        self.timers_skipped: list[tuple[str, int, str]] = []  # failed in an earlier run, met in this one
 
     def run(self, items: Sequence[Delivery]) -> None:
         """The key's deliveries in input order. A delivery is known by its position in `items` (the
         same list in every run of the key's step): what failed, and what a rerun skips."""
-        plan, state, segments = self.plan, self.state, self.segments
-        deliver = self.deliver
+        plan, segments = self.plan, self.segments
+        deliver = self.deliver if self.on_failure is None else self.deliver_with_checkpoints
         position, count = 0, len(items)
         if len(segments) == 1 and count:  # one input point (the common step): no runs to find
             deliver(items, 0, 0)
@@ -403,6 +441,7 @@ class _KeyStep:
             position = end
         last = len(segments) - 1
         self.fire(segments[last].advanced_to, last, wall=True)
+        state = self.state  # (a rollback to a checkpoint replaces it)
         if state.written:
             state.expire(segments[last].advanced_to, plan.ttls)
         try:
@@ -461,6 +500,59 @@ class _KeyStep:
         metrics.late += late
         if batch:
             self.deliver_batch(batch, items, j, first)
+
+    def deliver_with_checkpoints(self, items: Sequence[Delivery], j: int, first: int) -> None:
+        """deliver(), a run of records at a time, with a checkpoint before each run: a record that
+        fails is handed to on_failure (which skips it from then on), the key is rolled back to the
+        checkpoint, and the records since are delivered again up to the failed one. Runs start at
+        CHECKPOINT_RECORDS records and double while no record fails, up to MAX_CHECKPOINT_RECORDS.
+        Code that fails differently when run again (it is not deterministic) may fail again on the
+        way back: each failure skips one more record, so this ends."""
+        position, count = 0, len(items)
+        interval = CHECKPOINT_RECORDS
+        while position < count:
+            end = min(position + interval, count)
+            checkpoint = self.checkpoint()
+            interval = min(2 * interval, MAX_CHECKPOINT_RECORDS)  # fewer copies of a large state
+            while True:
+                try:
+                    self.deliver(items[position:end], j, first + position)
+                    break
+                except _UserFailure as failure:
+                    if checkpoint is None:
+                        raise  # the key's state could not be copied: the step runs again instead
+                    self.restore(checkpoint)
+                    self.on_failure(failure)  # type: ignore[misc]
+                    end = max(failure.items) - first + 1  # replay up to the failed record, now skipped
+                    interval = CHECKPOINT_RECORDS
+            position = end
+
+    def checkpoint(self) -> _Checkpoint | None:
+        """The key's step as it is now, or None if a state value cannot be copied."""
+        try:
+            state = self.state.step_copy(self.shared_in_copies())
+        except Exception:
+            return None
+        metrics = StepMetrics()
+        metrics.add(self.metrics)
+        return _Checkpoint(state, len(self.out), len(self.seen), metrics, *self.ctx.position())
+
+    def shared_in_copies(self) -> tuple[Any, ...]:
+        """What a copy of the key's state refers to without copying: the context (its cells report
+        writes to it) and the declared state specs."""
+        return (self.ctx, *self.plan.state_specs.values())
+
+    def restore(self, checkpoint: _Checkpoint) -> None:
+        """The key's step as it was at `checkpoint` (between two invocations: no timer fires meanwhile).
+        The checkpoint stays valid: a copy of its state goes on."""
+        self.state = checkpoint.state.step_copy(self.shared_in_copies())
+        self.ctx.rewind(self.state, checkpoint.order, checkpoint.set_at, checkpoint.timer_changes)
+        del self.out[checkpoint.productions:]
+        seen = self.seen
+        for rid in list(seen)[checkpoint.seen:]:
+            del seen[rid]
+        self.metrics = StepMetrics()
+        self.metrics.add(checkpoint.metrics)
 
     def deliver_batch(self, admitted: list[Delivery], items: Sequence[Delivery], j: int, first: int) -> None:
         """process_records: the key's admitted records of input point j in one call (`items`, from
@@ -524,6 +616,7 @@ class _KeyStep:
                     point = boundary if single else self.point_of(tag, timer, boundary)
                     if skip and (tag, time, setter) in skip:
                         skipped += 1
+                        self.timers_skipped.append((tag, time, setter))
                         continue
                     if point != current:
                         current = point
@@ -627,28 +720,43 @@ class KeyGroupExecutor:
     def _key_step(self, key: str, items: Sequence[Delivery], blob: bytes | None,
                   segments: Sequence[Segment], wall_time: int, out: list[ProductionRow],
                   metrics: StepMetrics) -> _KeyStep:
-        """The key's step, run again without each failing input under the dead_letter policy."""
+        """The key's step, run again without each failing input under the dead_letter policy (runs
+        after the first deliver records between checkpoints: see the module doc)."""
         skip_items: set[int] = set()
         skip_timers: set[tuple[str, int, str]] = set()
+        # A failed timer's dead letter, published only if the run that stands meets the timer: code
+        # that is not deterministic may not set it again.
+        timer_letters: dict[tuple[str, int, str], ProductionRow] = {}
         flush_each = False
+
+        def apply_policy(failure: _UserFailure) -> None:
+            failed: list[Delivery | None] = [items[i] for i in failure.items] or [None]
+            if self.plan.on_error is ErrorPolicy.FAIL:
+                raise ComputationFailed(self._failure_message(key, failed[0], failure)) from None
+            if failure.timer is not None:
+                timer_letters[failure.timer] = tuple(self._dead_letter(key, None, failure))  # type: ignore[assignment]
+                skip_timers.add(failure.timer)
+                return
+            for delivery in failed:
+                out.append(tuple(self._dead_letter(key, delivery, failure)))  # type: ignore[arg-type]
+                metrics.dead_letters += 1
+            skip_items.update(failure.items)
+
         for _ in range(len(items) + MAX_TIMER_FIRINGS_PER_STEP + 2):
-            step = _KeyStep(self, key, blob, segments, wall_time, skip_items, skip_timers, flush_each)
+            step = _KeyStep(self, key, blob, segments, wall_time, skip_items, skip_timers, flush_each,
+                            apply_policy if skip_items or skip_timers else None)
             try:
                 step.run(items)
-                return step
             except _StateFlushFailed:
                 flush_each = True  # run again, encoding after every invocation, to find the culprit
                 continue
             except _UserFailure as failure:
-                failed: list[Delivery | None] = [items[i] for i in failure.items] or [None]
-                if self.plan.on_error is ErrorPolicy.FAIL:
-                    raise ComputationFailed(self._failure_message(key, failed[0], failure)) from None
-                for delivery in failed:
-                    out.append(tuple(self._dead_letter(key, delivery, failure)))  # type: ignore[arg-type]
+                apply_policy(failure)
+            else:
+                for timer in step.timers_skipped:
+                    out.append(timer_letters[timer])
                     metrics.dead_letters += 1
-                skip_items.update(failure.items)
-                if failure.timer is not None:
-                    skip_timers.add(failure.timer)
+                return step
         raise ComputationError(f"computation {self.plan.name!r}, key {key!r}: step did not settle")
 
     def _failure_message(self, key: str, delivery: Delivery | None, failure: _UserFailure) -> str:

@@ -15,8 +15,9 @@ on schedule whether or not the key sees records again.
 
 from __future__ import annotations
 
+import copy
 import pickle
-from typing import Any, Iterator, NamedTuple
+from typing import Any, Iterable, Iterator, NamedTuple
 
 from millstream.model.codecs import Codec, CodecError, JsonCodec, StrCodec
 from millstream.model.records import TimeDomain, Timer
@@ -75,6 +76,22 @@ class KeyState:
 
     def is_empty(self) -> bool:
         return not (self.values or self.timers)
+
+    def step_copy(self, shared: Iterable[Any]) -> "KeyState":
+        """A copy of the key's state as the step has left it so far, to go back to: the decoded cells
+        copied deeply (user code may mutate their values in place), with `shared` objects (specs, the
+        context their writes report to) and the persisted encodings not copied. Those stay unchanged
+        until the step's flush (only a flush writes them), so this is valid between flushes only.
+        Nothing is encoded: the copy changes nothing, unlike a flush. Raises what deepcopy raises
+        for a value it cannot copy."""
+        copied = KeyState.__new__(KeyState)
+        copied.values, copied.written = dict(self.values), dict(self.written)
+        copied.timers = dict(self.timers)  # tuples of immutable fields
+        memo = {id(kept): kept for kept in (_ABSENT, _REMOVED, _MISSING, *shared)}
+        for stored in self.values.values():
+            memo[id(stored)] = stored
+        copied._live = {name: _copy_cell(cell, memo) for name, cell in self._live.items()}
+        return copied
 
     # -- state values --------------------------------------------------------------------------
     def cell(self, spec: StateSpec, on_write: Any = None) -> Any:
@@ -180,6 +197,16 @@ class KeyState:
 
 
 _IMMUTABLE = (int, float, str, bool, bytes, type(None))
+_IMMUTABLE_TYPES = frozenset(_IMMUTABLE)
+
+
+def _copy_cell(cell: Any, memo: dict[int, Any]) -> Any:
+    """A cell copied deeply for KeyState.step_copy; lists and values of immutable items copied in C."""
+    if type(cell) is ListCell and set(map(type, cell.items)) <= _IMMUTABLE_TYPES:
+        return ListCell(cell.spec, list(cell.items), cell.on_write)
+    if type(cell) is ValueCell and type(cell.value) in _IMMUTABLE_TYPES:
+        return copy.copy(cell)
+    return copy.deepcopy(cell, memo)
 
 
 class ValueCell:
