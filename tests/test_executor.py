@@ -963,3 +963,35 @@ def test_code_that_fails_at_random_loses_and_repeats_nothing(points):
     for key in ("k0", "k1", "k2"):  # in input order
         ids = inspect_key(ex.plan, ex.store.load([key])[key])[0]["seen"]
         assert ids == sorted(ids, key=lambda rid: int(rid[1:]))
+
+
+class ContextMisuse(Computation):
+    """Does to the context what the record's value says."""
+
+    items = ListState("items")
+    entries = MapState("entries")
+
+    def process_record(self, ctx, record):
+        action, arg = record.value
+        if action == "produce_at":
+            ctx.produce(Record(ctx.key, 1, arg), "out")
+        elif action == "list_set":
+            ctx.state(self.items).set(arg)
+        elif action == "map_put":
+            ctx.state(self.entries).put({"a": arg}, 3)
+        elif action == "delete_timer":
+            ctx.delete_timer(arg)
+
+
+@pytest.mark.parametrize("action, arg, message", [
+    ("produce_at", 2**63, "record timestamp 9223372036854775808 is out of range"),
+    ("produce_at", "5", "record timestamp must be int milliseconds, got str '5'"),
+    ("list_set", "abc", r"list state 'items': set\(\) takes a list of items, got str 'abc'"),
+    ("list_set", None, r"list state 'items': set\(\) takes a list of items, got NoneType"),
+    ("map_put", 1, "map state 'entries': a key must be hashable"),
+    ("delete_timer", 5, "timer tag must be str, got int"),
+])
+def test_misuse_of_the_context_is_named_clearly(action, arg, message):
+    ex = make_executor(ContextMisuse())
+    with pytest.raises(ComputationFailed, match=message):
+        step(ex, [deliver("k", [action, arg], 1, "r1")], 10, 0)

@@ -67,3 +67,23 @@ def test_run_checks_master_and_root_before_starting(tmp_path) -> None:
     assert_refused(run("millstream", "run", "pipeline:pipeline", "--fresh", "--root", str(tmp_path / "mine"), cwd=cwd),
                    "not a millstream root")
     assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
+
+
+def test_run_refuses_an_empty_root_and_never_deletes_the_directory_it_runs_in(tmp_path) -> None:
+    """An empty --root once made the project folder the root, and --fresh then deleted the project."""
+    made = run("millstream", "new", "shop", "--directory", str(tmp_path))
+    assert made.code == 0, made.output
+    project = tmp_path / "shop"
+    cwd, before = str(project), sorted(os.listdir(project))
+    for empty in ("", "  "):
+        assert_refused(call(millstream_main, "run", "pipeline:pipeline", "--root", empty, cwd=cwd), "--root")
+        assert_refused(call(millstream_main, "run", "pipeline:pipeline", "--fresh", "--root", empty, cwd=cwd),
+                       "--root")
+    (project / "pipeline.json").write_text("{}")  # as if a run had made the project folder its root
+    for here in (".", cwd, str(tmp_path)):  # the folder itself, or a folder holding it
+        assert_refused(call(millstream_main, "run", "pipeline:pipeline", "--fresh", "--root", here, cwd=cwd),
+                       "current directory")
+    assert sorted(os.listdir(project)) == sorted(before + ["pipeline.json"])
+    assert_refused(call(millstream_main, "run", "pipeline:pipeline", "--root", "foo://bucket/x", cwd=cwd),
+                   "local directory")
+    assert not os.path.exists(project / "foo:")

@@ -808,3 +808,15 @@ def test_a_failed_flush_leaves_no_stale_map_index():
     cell.clear()
     state.flush({"m": spec})
     assert not state.values.get("m") and len(cell) == 0
+
+
+@pytest.mark.parametrize("declare, message", [
+    (lambda: ValueState("v", codec="json"), "state 'v': codec must be a codec object"),
+    (lambda: ListState("l", codec=JsonCodec), "state 'l': codec must be a codec object"),
+    (lambda: MapState("m", key_codec=None), "state 'm': key_codec must be a codec object"),
+    (lambda: MapState("m", value_codec=5), "state 'm': value_codec must be a codec object"),
+    (lambda: ValueState(""), "a state's name must be a non-empty str"),
+])
+def test_a_state_declared_with_no_codec_or_name_is_refused_where_declared(declare, message):
+    with pytest.raises(TypeError, match=message):
+        declare()

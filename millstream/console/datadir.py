@@ -29,6 +29,12 @@ def check_fresh_start(directory: str, marker: str | tuple[str, ...], what: str) 
     millstream.console.options.UsageError: --fresh would delete ..., which is not a Zeitgeist data dir (no config.json in it); delete it yourself or pick another directory
     """
     markers = (marker,) if isinstance(marker, str) else marker
+    here, target = os.path.realpath(os.getcwd()), os.path.realpath(directory)
+    where = ("is the current directory" if target == here else
+             "holds the current directory" if os.path.commonpath([here, target]) == target else
+             "is your home directory" if target == os.path.realpath(os.path.expanduser("~")) else None)
+    if where is not None:  # a run there would have written among the user's own files
+        raise UsageError(f"--fresh would delete {directory}, which {where}; give the run a directory of its own")
     if (os.path.isdir(directory) and os.listdir(directory)
             and not any(os.path.exists(os.path.join(directory, m)) for m in markers)):
         raise UsageError(f"--fresh would delete {directory}, which is not {what} (no {' or '.join(markers)} in it); "

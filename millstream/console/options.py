@@ -89,6 +89,9 @@ def positive_float(text: str) -> float:
     return value
 
 
+_URL_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+://")
+
+
 def check_writable_directory(path: str, option: str) -> str:
     """The absolute path of a directory this command may create or write, or UsageError. Tries to
     create (and removes) a probe directory in it, or in its nearest existing parent: permission
@@ -101,7 +104,16 @@ def check_writable_directory(path: str, option: str) -> str:
     Traceback (most recent call last):
     ...
     millstream.console.options.UsageError: --data-dir /proc/nope: cannot create a directory in /proc (No such file or directory)
+    >>> check_writable_directory("", "--root")
+    Traceback (most recent call last):
+    ...
+    millstream.console.options.UsageError: --root is empty; give a directory, e.g. --root ./millstream-data
     """
+    if not path.strip():
+        raise UsageError(f"{option} is empty; give a directory, e.g. {option} ./millstream-data")
+    if _URL_SCHEME.match(path):
+        raise UsageError(f"{option} {path}: a local directory is needed here (a remote root, such as s3://..., is "
+                         "given to millstream.SparkRunner(root=...) in Python)")
     absolute = os.path.abspath(os.path.expanduser(path))
     existing = absolute
     while not os.path.exists(existing):

@@ -324,13 +324,15 @@ class _Invocation:
             raise ComputationError(f"{self._plan.name}: timer {tag!r} time {time} is out of range")
 
     def delete_timer(self, tag: str) -> None:
+        if type(tag) is not str:
+            self._bad_timer(tag, 0)
         if self._timers.pop(tag, None) is not None:
             self.timer_changes += 1
 
     def produce(self, record: Record[Any], stream: str) -> None:
         codec = self._codecs.get(stream)
         if codec is None or type(record) is not Record or type(record.key) is not str or \
-                type(record.timestamp) is not int:
+                type(record.timestamp) is not int or not BEGINNING_OF_TIME <= record.timestamp <= END_OF_TIME:
             self._bad_production(record, stream)  # raises, unless record is of a subclass of Record
             codec = self._codecs[stream]
         try:  # record.encoded_value(codec), inlined; a Record made by user code holds its value
@@ -362,7 +364,11 @@ class _Invocation:
                 f"{self._plan.name}: produced record key must be str, got {type(record.key).__name__}"
             )
         if isinstance(record.timestamp, bool) or not isinstance(record.timestamp, int):
-            raise ComputationError(f"{self._plan.name}: record timestamp must be int milliseconds")
+            raise ComputationError(f"{self._plan.name}: record timestamp must be int milliseconds, got "
+                                   f"{type(record.timestamp).__name__} {record.timestamp!r:.40}")
+        if not BEGINNING_OF_TIME <= record.timestamp <= END_OF_TIME:
+            raise ComputationError(f"{self._plan.name}: record timestamp {record.timestamp} is out of range "
+                                   f"[{BEGINNING_OF_TIME}, {END_OF_TIME}] (milliseconds since the epoch)")
 
     def clear(self) -> None:
         self._state.clear()

@@ -269,6 +269,9 @@ class ListCell:
             self.on_write(self.spec)
 
     def set(self, values: list[Any]) -> None:
+        if isinstance(values, (str, bytes, dict)) or not hasattr(values, "__iter__"):
+            raise TypeError(f"list state {self.spec.name!r}: set() takes a list of items, got {type(values).__name__} "
+                            f"{values!r:.60}; to store one item, use set([item]) or append(item)")
         self.items = list(values)
         if self.on_write is not None:
             self.on_write(self.spec)
@@ -411,7 +414,11 @@ class MapCell:
         return default if value is _REMOVED else value
 
     def put(self, key: Any, value: Any) -> None:
-        self.live[key] = value
+        try:
+            self.live[key] = value
+        except TypeError:
+            raise TypeError(f"map state {self.spec.name!r}: a key must be hashable (a str, int, tuple, ...), got "
+                            f"{type(key).__name__} {key!r:.60}") from None
         if self.on_write is not None:
             self.on_write(self.spec)
 

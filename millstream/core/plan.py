@@ -36,6 +36,24 @@ if TYPE_CHECKING:
 DEFAULT_KEY_GROUPS = 32
 
 
+def check_whole(name: str, value: Any, minimum: int = 1, what: str = "a whole number", none: str = "") -> None:
+    """Refuse an option that is not an int (a bool is not) >= `minimum`, naming it and what it got;
+    `none`: what None means, if it is allowed.
+
+    >>> check_whole("key_groups", 8)
+    >>> check_whole("key_groups", 2.5)
+    Traceback (most recent call last):
+    ...
+    TypeError: key_groups must be a whole number >= 1, got 2.5
+    """
+    if value is None and none:
+        return
+    whole = isinstance(value, int) and not isinstance(value, bool)
+    if not whole or value < minimum:
+        raise (ValueError if whole else TypeError)(
+            f"{name} must be {what} >= {minimum}{f' (or None {none})' if none else ''}, got {value!r}")
+
+
 def key_group(key: str, key_groups: int) -> int:
     """The key group of a key: a fast, stable 64-bit hash (Python's hash() is salted per process)."""
     return xxhash.xxh3_64_intdigest(key.encode()) % key_groups

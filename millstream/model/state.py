@@ -20,7 +20,7 @@ the key is touched again (Flink's StateTtlConfig with OnCreateAndWrite; Spark's 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Generic, Iterator, Protocol, TypeVar
+from typing import Any, Generic, Iterator, Protocol, TypeVar, overload
 
 from millstream.model.codecs import DEFAULT_CODEC, Codec
 
@@ -29,9 +29,16 @@ K = TypeVar("K")
 V = TypeVar("V")
 
 
-def _check_ttl(name: str, ttl_ms: int | None) -> None:
+def _check_declaration(name: Any, ttl_ms: int | None, **codecs: Any) -> None:
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"a state's name must be a non-empty str, got {name!r}")
     if ttl_ms is not None and (isinstance(ttl_ms, bool) or not isinstance(ttl_ms, int) or ttl_ms <= 0):
         raise ValueError(f"state {name!r}: ttl_ms must be a positive int of milliseconds or None")
+    for field, codec in codecs.items():
+        if isinstance(codec, type) or not (callable(getattr(codec, "encode", None))
+                                           and callable(getattr(codec, "decode", None))):
+            raise TypeError(f"state {name!r}: {field} must be a codec object with encode() and decode(), such as "
+                            f"millstream.JsonCodec() or millstream.PickleCodec(), got {codec!r}")
 
 
 @dataclass(frozen=True)
@@ -48,7 +55,7 @@ class ValueState(Generic[T]):
     ttl_ms: int | None = None
 
     def __post_init__(self) -> None:
-        _check_ttl(self.name, self.ttl_ms)
+        _check_declaration(self.name, self.ttl_ms, codec=self.codec)
 
 
 @dataclass(frozen=True)
@@ -64,7 +71,7 @@ class ListState(Generic[T]):
     ttl_ms: int | None = None
 
     def __post_init__(self) -> None:
-        _check_ttl(self.name, self.ttl_ms)
+        _check_declaration(self.name, self.ttl_ms, codec=self.codec)
 
 
 @dataclass(frozen=True)
@@ -82,7 +89,7 @@ class MapState(Generic[K, V]):
     ttl_ms: int | None = None
 
     def __post_init__(self) -> None:
-        _check_ttl(self.name, self.ttl_ms)
+        _check_declaration(self.name, self.ttl_ms, key_codec=self.key_codec, value_codec=self.value_codec)
 
 
 StateSpec = ValueState[Any] | ListState[Any] | MapState[Any, Any]
@@ -107,6 +114,12 @@ class ListHandle(Protocol[T]):
 
 
 class MapHandle(Protocol[K, V]):
+    @overload
+    def get(self, key: K) -> V | None: ...
+
+    @overload
+    def get(self, key: K, default: V) -> V: ...
+
     def get(self, key: K, default: V | None = None) -> V | None: ...
 
     def put(self, key: K, value: V) -> None: ...

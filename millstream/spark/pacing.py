@@ -81,6 +81,10 @@ class BatchPacing:
     ceiling: int = 5_000_000
 
     def __post_init__(self) -> None:
+        for name in ("target_ms", "first", "floor", "ceiling"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise TypeError(f"batch pacing: {name} must be a whole number >= 1, got {value!r}")
         if self.target_ms < 1:
             raise ValueError(f"batch pacing needs target_ms >= 1, got {self.target_ms}")
         if not 1 <= self.floor <= self.first <= self.ceiling:

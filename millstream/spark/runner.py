@@ -37,6 +37,7 @@ from millstream.spark.feeds import Feeds
 from millstream.spark.fencing import Lease, RootInUse, driver_info
 from millstream.spark.layout import RootLayout
 from millstream.spark.operator import FUSED_SCHEMA, OUTPUT_SCHEMA, FusedProducerProcessor, KeyGroupProcessor
+from millstream.spark.options import check_root, check_runner_options
 from millstream.spark.pacing import BatchPacing
 from millstream.spark.partitioning import GroupLabels, alignment
 from millstream.spark.progress import ComputationProgress, PipelineProgress, read_progress
@@ -107,23 +108,18 @@ class SparkRunner:
                     f"sink {sink.name!r} reads stream {sink.stream!r}, which an injector produces; the Spark "
                     "runner materializes computation outputs only (add a pass-through computation)"
                 )
-        if key_groups < 1:
-            raise ValueError("key_groups must be >= 1")
-        if parallelism is not None and parallelism < 1:
-            raise ValueError("parallelism must be >= 1")
-        if max_records_per_batch is not None and max_records_per_batch < 1:
-            raise ValueError("max_records_per_batch must be >= 1 (or None for batch pacing)")
+        check_runner_options(key_groups=key_groups, parallelism=parallelism, trigger_ms=trigger_ms,
+                             max_records_per_batch=max_records_per_batch, retain_logs_s=retain_logs_s)
         if not isinstance(batch_pacing, BatchPacing):
             raise TypeError(f"batch_pacing takes a BatchPacing, e.g. BatchPacing(target_ms=3_000), not "
                             f"{batch_pacing!r}")
-        if retain_logs_s is not None and retain_logs_s < 0:
-            raise ValueError("retain_logs_s must be >= 0 (or None to keep every log)")
         self.pipeline = pipeline
-        root = str(root)
+        root = check_root(root)
         # Credentials come from the environment, never from a location: refused before anything is written.
         check_no_credentials(root, "root")
         if checkpoint_root is not None:
-            check_no_credentials(str(checkpoint_root), "checkpoint_root")
+            checkpoint_root = check_root(checkpoint_root, "checkpoint_root", any_scheme=True)
+            check_no_credentials(checkpoint_root, "checkpoint_root")
         for sink in pipeline.sinks.values():
             if sink.path is not None:
                 check_no_credentials(sink.path, f"sink {sink.name!r} path")

@@ -24,7 +24,7 @@ from typing import Any, Iterable, cast
 from millstream.core.deadletters import dead_letter
 from millstream.core.production import Produced, output_order
 from millstream.core.executor import Delivery, KeyGroupExecutor, StepMetrics, inspect_key, key_or_dead_letter
-from millstream.core.plan import ComputationPlan, key_group, plan_computation, sender_name
+from millstream.core.plan import ComputationPlan, check_whole, key_group, plan_computation, sender_name
 from millstream.core.store import MemoryKeyStore
 from millstream.core.watermarks import (Segment, WatermarkCoalescer, output_keyed_watermarks, output_watermarks,
                                         published_keyed, too_far_ahead)
@@ -76,6 +76,7 @@ class PipelineHarness:
     """
 
     def __init__(self, pipeline: Pipeline, key_groups: int = 4, wall_time: int = 0) -> None:
+        check_whole("key_groups", key_groups)
         pipeline.validate()
         self.pipeline = pipeline
         self.wall_time = wall_time

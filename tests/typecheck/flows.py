@@ -27,9 +27,10 @@ class Typed(Computation):
         names: list[str] = ctx.state(self.seen).get()
         ctx.state(self.seen).append(record.key)
         maybe: float | None = ctx.state(self.per_page).get("home")
+        surely: float = ctx.state(self.per_page).get("home", 0.0) + 1  # with a default: no None
         entries: Iterator[tuple[str, float]] = ctx.state(self.per_page).items()
         clicks: int = record.value["clicks"]
-        del names, maybe, entries, clicks
+        del names, maybe, surely, entries, clicks
 
     def process_timer(self, ctx: Context, timer: Timer) -> None:
         due: int = timer.time

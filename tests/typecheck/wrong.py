@@ -18,6 +18,8 @@ class Wrong(Computation):
         first: int = ctx.state(self.seen).get()  # wrong
         ctx.state(self.seen).append(3)  # wrong
         rate: str = ctx.state(self.per_page).get("home")  # wrong
+        plus: float = ctx.state(self.per_page).get("home") + 1  # wrong
+        other: float = ctx.state(self.per_page).get("home", "none")  # wrong
         ctx.state(self.per_page).put(1, 2.0)  # wrong
         clicks: str = record.value["clicks"]  # wrong
         del text, first, rate, clicks

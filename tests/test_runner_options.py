@@ -1,0 +1,62 @@
+"""SparkRunner refuses bad options in one clear error, before anything is written or Spark starts."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from millstream import Computation, Pipeline, ScriptedInjector
+from millstream.spark.pacing import BatchPacing
+from millstream.spark.runner import SparkRunner
+
+
+class Nothing(Computation):
+    def process_record(self, ctx, record):
+        pass
+
+
+def pipeline() -> Pipeline:
+    p = Pipeline("p").add_injector("src", ScriptedInjector("src", []), "in")
+    return p.add_computation("c", Nothing(), ["in"], ["out"])
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"root": ""}, "root is empty"),
+    ({"root": "   "}, "root is empty"),
+    ({"root": None}, "root must be a path"),
+    ({"root": 5}, "root must be a path"),
+    ({"root": "foo://bucket/x"}, "unknown scheme 'foo'"),
+    ({"key_groups": 2.5}, "key_groups must be a whole number >= 1, got 2.5"),
+    ({"key_groups": "8"}, "key_groups must be a whole number >= 1, got '8'"),
+    ({"key_groups": 0}, "key_groups must be a whole number >= 1, got 0"),
+    ({"key_groups": True}, "key_groups must be a whole number >= 1, got True"),
+    ({"parallelism": "2"}, "parallelism must be a whole number >= 1 (or None"),
+    ({"trigger_ms": -5}, "trigger_ms must be a whole number of milliseconds >= 0, got -5"),
+    ({"trigger_ms": 0.5}, "trigger_ms must be a whole number of milliseconds >= 0, got 0.5"),
+    ({"max_records_per_batch": 10.0}, "max_records_per_batch must be a whole number >= 1"),
+    ({"retain_logs_s": "1h"}, "retain_logs_s must be a number of seconds >= 0"),
+])
+def test_bad_options_are_refused_before_anything_is_written(options, message, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    options = {"root": str(tmp_path / "root"), **options}
+    with pytest.raises((TypeError, ValueError), match=message.replace("(", r"\(").replace(".", r"\.")):
+        SparkRunner(pipeline(), **options)
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"target_ms": "3s"}, "target_ms must be a whole number >= 1, got '3s'"),
+    ({"first": 1.5}, "first must be a whole number >= 1, got 1.5"),
+])
+def test_batch_pacing_refuses_what_is_no_whole_number(fields, message):
+    with pytest.raises(TypeError, match=message):
+        BatchPacing(**fields)
+
+
+def test_the_harness_refuses_key_groups_that_are_no_whole_number():
+    from millstream.testing import PipelineHarness
+
+    for bad, error in ((0, ValueError), (2.5, TypeError)):
+        with pytest.raises(error, match=f"key_groups must be a whole number >= 1, got {bad}"):
+            PipelineHarness(pipeline(), key_groups=bad)
