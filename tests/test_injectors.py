@@ -498,3 +498,47 @@ def test_file_injector_through_harness(tmp_path):
     assert sorted(tuple(r.value) for r in comp.records) == [(i, j) for i in range(5) for j in range(4)]
     assert comp.late == [] and h.input_watermark("c") == END_OF_TIME
     assert h.state("c", "k0") == {"count": 5}
+
+
+class _Forward(Computation):
+    def process_record(self, ctx, record):
+        ctx.produce(record, "out")
+
+
+def _through_harness(make_record) -> PipelineHarness:
+    pipeline = Pipeline("p").add_injector("gen", GeneratorInjector(make_record, total=3, low_watermark=lambda n: 0), "in")
+    harness = PipelineHarness(pipeline.add_computation("fwd", _Forward(), ["in"], ["out"]))
+    harness.run_injectors()
+    return harness
+
+
+@pytest.mark.parametrize("make_record, message", [
+    (lambda i: Record("k", i, str(i)), "injector 'gen' gave a record whose timestamp is a str"),
+    (lambda i: Record("k", i, i + 0.5), "injector 'gen' gave a record whose timestamp is a float"),
+    (lambda i: Record("k", i, 2**63), "injector 'gen' gave a record at 9223372036854775808, outside"),
+    (lambda i: Record(7, i, i), "injector 'gen' gave a record whose key is a int"),
+    (lambda i: {"key": "k", "value": i}, "injector '.*' gave a dict .* where a millstream.Record"),
+])
+def test_what_an_injector_gives_that_is_no_record_is_refused_naming_it(make_record, message):
+    from millstream.model.injector import InjectorError
+
+    with pytest.raises(InjectorError, match=message):
+        _through_harness(make_record)
+
+
+def test_a_value_the_streams_codec_refuses_names_the_injector():
+    from millstream import CodecError
+
+    with pytest.raises(CodecError, match="injector 'gen', stream 'in'.*set"):
+        _through_harness(lambda i: Record("k", {1, 2}, i))
+
+
+def test_feed_refuses_one_bare_record_and_records_that_are_none():
+    from millstream.model.injector import InjectorError
+
+    pipeline = Pipeline("p").add_injector("src", ScriptedInjector("src", []), "in")
+    harness = PipelineHarness(pipeline.add_computation("fwd", _Forward(), ["in"], ["out"]))
+    with pytest.raises(TypeError, match="wrap one record in a list"):
+        harness.feed("src", Record("k", 1, 5))
+    with pytest.raises(InjectorError, match="injector 'src' gave a record whose timestamp is a str"):
+        harness.feed("src", [Record("k", 1, "5")])

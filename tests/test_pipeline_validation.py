@@ -242,3 +242,9 @@ def test_default_key_extractor_uses_the_record_key():
     h.feed("src", [Record("alpha", 1, 0), Record("beta", 2, 0)])
     h.run()
     assert sorted(seen) == ["alpha", "beta"]
+
+
+def test_a_sink_on_an_injectors_stream_is_refused_by_the_harness_as_by_spark():
+    pipeline = base().add_computation("c", Noop(), ["events"]).add_sink("raw", "events", "/tmp/x")
+    with pytest.raises(PipelineError, match="sink 'raw' reads stream 'events', which an injector produces"):
+        PipelineHarness(pipeline)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
-from millstream.model.injector import Injector, Offset
+from millstream.model.injector import Injector, Offset, check_injected
 from millstream.model.records import END_OF_TIME, Record, derive_record_id
 
 
@@ -86,6 +86,8 @@ class GeneratorInjector(Injector):
         for n in range(start["next"], end["next"]):
             index = p + n * step
             record = self.make_record(index)
+            if not isinstance(record, Record):  # make_record's mistake, named (records are checked downstream)
+                check_injected(record, self.name)
             # Every injected record needs an id: without one, exactly-once delivery would treat all
             # records of a key as duplicates of the first.
             yield record if record.id else record.with_id(derive_record_id(self.name, "index", index))

@@ -26,9 +26,40 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Sequence
 
-from millstream.model.records import END_OF_TIME, Record
+from millstream.model.records import BEGINNING_OF_TIME, END_OF_TIME, Record
 
 Offset = dict[str, Any]
+
+
+class InjectorError(ValueError):
+    """An injector gave something that is not a record millstream can carry: a mistake in the
+    injector (or in the function that makes its records), named with the injector."""
+
+
+def check_injected(item: Any, injector: str) -> None:
+    """Refuse, naming `injector`, an item read from it that is not a Record with a str key and an int
+    timestamp (milliseconds) in [BEGINNING_OF_TIME, END_OF_TIME]: found here, not as a confusing
+    error in whichever computation meets it first.
+
+    >>> check_injected(Record("k", 1, 5), "src")
+    >>> check_injected(Record("k", 1, "5"), "src")
+    Traceback (most recent call last):
+    ...
+    millstream.model.injector.InjectorError: injector 'src' gave a record whose timestamp is a str ('5'); timestamps are int milliseconds since the epoch
+    """
+    if not isinstance(item, Record):
+        raise InjectorError(f"injector {injector!r} gave a {type(item).__name__} ({item!r:.60}) where a "
+                            "millstream.Record(key, value, timestamp) belongs")
+    if not isinstance(item.key, str):
+        raise InjectorError(f"injector {injector!r} gave a record whose key is a {type(item.key).__name__} "
+                            f"({item.key!r:.40}); keys are str")
+    timestamp = item.timestamp
+    if isinstance(timestamp, bool) or not isinstance(timestamp, int):
+        raise InjectorError(f"injector {injector!r} gave a record whose timestamp is a {type(timestamp).__name__} "
+                            f"({timestamp!r:.40}); timestamps are int milliseconds since the epoch")
+    if not BEGINNING_OF_TIME <= timestamp <= END_OF_TIME:
+        raise InjectorError(f"injector {injector!r} gave a record at {timestamp}, outside [{BEGINNING_OF_TIME}, "
+                            f"{END_OF_TIME}] (int milliseconds since the epoch)")
 
 
 @dataclass(frozen=True)

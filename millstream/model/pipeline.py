@@ -394,6 +394,13 @@ class Pipeline:
                     f"sink {sink.name!r} reads stream {sink.stream!r}, which nothing produces "
                     f"(known streams: {self._known()})"
                 )
+            if any(p in self.injectors for p in self.producers(sink.stream)):
+                # The Spark runner materializes computations' outputs only; the harness refuses it too,
+                # so that a pipeline its tests pass on runs on Spark.
+                raise PipelineError(
+                    f"sink {sink.name!r} reads stream {sink.stream!r}, which an injector produces; sinks take "
+                    "computations' outputs (add a pass-through computation)"
+                )
         for stream in self.codecs:
             if stream not in self.streams():
                 raise PipelineError(f"codec declared for stream {stream!r}, which no node uses")

@@ -102,12 +102,6 @@ class SparkRunner:
     ) -> None:
         pipeline.validate()
         self._fused_into = _check_weak_productions(pipeline)
-        for sink in pipeline.sinks.values():
-            if any(p in pipeline.injectors for p in pipeline.producers(sink.stream)):
-                raise PipelineError(
-                    f"sink {sink.name!r} reads stream {sink.stream!r}, which an injector produces; the Spark "
-                    "runner materializes computation outputs only (add a pass-through computation)"
-                )
         check_runner_options(key_groups=key_groups, parallelism=parallelism, trigger_ms=trigger_ms,
                              max_records_per_batch=max_records_per_batch, retain_logs_s=retain_logs_s)
         if not isinstance(batch_pacing, BatchPacing):

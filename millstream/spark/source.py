@@ -35,9 +35,10 @@ from millstream.core.garbage import bulk_work
 from millstream.core.plan import ComputationPlan, InputPlan, SenderPlan, key_group
 from millstream.core.production import Produced
 from millstream.core.watermarks import Segment, WatermarkCoalescer, published_keyed, too_far_ahead
-from millstream.model.injector import Injector, Malformed
+from millstream.model.codecs import CodecError
+from millstream.model.injector import Injector, InjectorError, Malformed, check_injected
 from millstream.model.pipeline import ErrorPolicy
-from millstream.model.records import BEGINNING_OF_TIME, Record
+from millstream.model.records import BEGINNING_OF_TIME, END_OF_TIME, Record
 from millstream.spark.bundles import BUNDLE_RECORDS, FeedItem, pack_deliveries, pack_productions
 from millstream.spark.errors import report_failure
 from millstream.spark.pacing import BatchPacing, LastBatch
@@ -319,6 +320,16 @@ class InputsReader(DataSourceStreamReader):
 
     def _injector_items(self, sender: Sender, input_plan: InputPlan,
                         partition: _Partition) -> Iterator[FeedItem | Produced]:
+        """_read_injector, a value its stream's codec refuses named with the injector and stream."""
+        try:
+            yield from self._read_injector(sender, input_plan, partition)
+        except CodecError as error:
+            message = f"injector {sender.plan.producer!r}, stream {sender.plan.stream!r}: {error}"
+            report_failure(self.plan.root, self.plan.computation.name, message)
+            raise CodecError(message) from None
+
+    def _read_injector(self, sender: Sender, input_plan: InputPlan,
+                       partition: _Partition) -> Iterator[FeedItem | Produced]:
         segment = partition.fields["segment"]
         encode = input_plan.codec.encode
         by_record_key = input_plan.keyed_by_record_key
@@ -328,6 +339,9 @@ class InputsReader(DataSourceStreamReader):
                 if sender.owns_malformed:
                     yield self._malformed(sender, item, segment)
                 continue
+            if type(item) is not Record or type(item.key) is not str or type(item.timestamp) is not int or \
+                    not BEGINNING_OF_TIME <= item.timestamp <= END_OF_TIME:
+                self._check_injected(sender, item)
             key = item.key
             if by_record_key:  # _keyed(), inlined: the per-record path
                 yield (key, key, encode(item.value), item.timestamp, item.id, segment, position)
@@ -359,6 +373,14 @@ class InputsReader(DataSourceStreamReader):
                 return found
             key = found
         return (key, rkey, value, ts, rid, segment, order)
+
+    def _check_injected(self, sender: Sender, item: Any) -> None:
+        """check_injected, its refusal reported to the driver (the worker's error is not what the user sees)."""
+        try:
+            check_injected(item, sender.plan.producer)
+        except InjectorError as error:
+            report_failure(self.plan.root, self.plan.computation.name, str(error))
+            raise
 
     def _malformed(self, sender: Sender, item: Malformed, segment: int) -> Produced:
         plan = self.plan.computation

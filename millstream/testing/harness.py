@@ -28,7 +28,8 @@ from millstream.core.plan import ComputationPlan, check_whole, key_group, plan_c
 from millstream.core.store import MemoryKeyStore
 from millstream.core.watermarks import (Segment, WatermarkCoalescer, output_keyed_watermarks, output_watermarks,
                                         published_keyed, too_far_ahead)
-from millstream.model.injector import Malformed, Offset
+from millstream.model.codecs import Codec, CodecError
+from millstream.model.injector import Malformed, Offset, check_injected
 from millstream.model.pipeline import DEAD_LETTERS, ErrorPolicy, Pipeline, PipelineError
 from millstream.model.records import BEGINNING_OF_TIME, Record, Timer, derive_record_id
 
@@ -57,6 +58,14 @@ class _ComputationRun:
     output_keyed: dict[str, int] = field(default_factory=dict)  # published keyed watermarks
     metrics: StepMetrics = field(default_factory=StepMetrics)
     watermark_history: list[int] = field(default_factory=list)
+
+
+def _encoded(codec: Codec, record: Record[Any], injector: str, stream: str) -> bytes:
+    try:
+        return codec.encode(record.value)
+    except CodecError as error:
+        raise CodecError(f"injector {injector!r}, stream {stream!r}, record {record.id or record.key!r}: {error}") \
+            from None
 
 
 class PipelineHarness:
@@ -114,13 +123,17 @@ class PipelineHarness:
         point. Nothing is processed until `step`/`run`."""
         node = self._injector(injector)
         partition = self._partition(injector, partition)
+        if isinstance(records, Record) or not hasattr(records, "__iter__"):
+            raise TypeError(f"feed({injector!r}, ...) takes records (a list of them), got {records!r:.60}; "
+                            "wrap one record in a list")
         produced: list[Produced] = []
         codec = self.pipeline.codec(node.stream)
         for record in records:
+            check_injected(record, injector)
             record_id = record.id or derive_record_id(injector, "feed", self._fed[injector])
             self._fed[injector] += 1
-            produced.append(Produced(node.stream, record.key, codec.encode(record.value), record.timestamp,
-                                     record_id, 0, len(produced)))
+            produced.append(Produced(node.stream, record.key, _encoded(codec, record, injector, node.stream),
+                                     record.timestamp, record_id, 0, len(produced)))
         if watermark is not None:
             self._set_watermark(injector, partition, watermark)
         self._set_keyed(injector, partition, keyed or {})
@@ -181,7 +194,8 @@ class PipelineHarness:
                         if isinstance(item, Malformed):
                             rejected.append(self._malformed(name, partition, item))
                         else:
-                            produced.append(Produced(node.stream, item.key, codec.encode(item.value),
+                            check_injected(item, name)
+                            produced.append(Produced(node.stream, item.key, _encoded(codec, item, name, node.stream),
                                                      item.timestamp, item.id, 0, len(produced)))
                 self._offsets[(name, partition)] = end
                 self._watermarks[(name, partition)] = watermark
