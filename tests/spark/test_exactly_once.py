@@ -13,6 +13,7 @@ from millstream import (
     DEAD_LETTERS,
     Computation,
     FileInjector,
+    GeneratorInjector,
     MapState,
     Pipeline,
     Record,
@@ -218,3 +219,19 @@ def test_key_extractors_see_the_decoded_value_on_both_runners(spark, tmp_path):
     runner.run(timeout=240)
     assert [r.key for r in harness.output("keys")] == ["MIXED CASE"]
     assert [r.key for r in runner.read_stream("keys")] == ["MIXED CASE"]
+
+
+def test_an_injector_giving_a_bad_timestamp_stops_the_run_with_one_line_naming_it(spark, tmp_path):
+    class Forward(Computation):
+        def process_record(self, ctx, record):
+            ctx.produce(record, "out")
+
+    pipeline = (Pipeline("badinput")
+                .add_injector("gen", GeneratorInjector(lambda i: Record("k", i, str(i)), total=3,
+                                                       low_watermark=lambda n: 0), "in")
+                .add_computation("fwd", Forward(), ["in"], ["out"]))
+    with pytest.raises(MillstreamRunError) as failure:
+        SparkRunner(pipeline, root=str(tmp_path / "root"), spark=spark).run(timeout=240)
+    message = str(failure.value)
+    assert "injector 'gen' gave a record whose timestamp is a str ('0')" in message, message
+    assert not any(s in message for s in ("org.apache", "py4j", "at scala.", "java.lang")), message
