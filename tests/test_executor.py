@@ -981,6 +981,8 @@ class ContextMisuse(Computation):
             ctx.state(self.entries).put({"a": arg}, 3)
         elif action == "delete_timer":
             ctx.delete_timer(arg)
+        elif action == "produce_swapped":
+            ctx.produce("out", Record(ctx.key, 1, 1))
 
 
 @pytest.mark.parametrize("action, arg, message", [
@@ -990,6 +992,7 @@ class ContextMisuse(Computation):
     ("list_set", None, r"list state 'items': set\(\) takes a list of items, got NoneType"),
     ("map_put", 1, "map state 'entries': a key must be hashable"),
     ("delete_timer", 5, "timer tag must be str, got int"),
+    ("produce_swapped", None, r"produce\(\) takes the record first, then the stream: produce\(record, 'out'\)"),
 ])
 def test_misuse_of_the_context_is_named_clearly(action, arg, message):
     ex = make_executor(ContextMisuse())

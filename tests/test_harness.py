@@ -480,7 +480,7 @@ def test_inspection_errors_name_what_is_known():
         h.low_watermark("nope")
     with pytest.raises(PipelineError, match=r"unknown injector 'nope'; known: \['src'\]"):
         h.feed("nope", [])
-    with pytest.raises(KeyError, match="unknown stream 'nope'"):
+    with pytest.raises(KeyError, match="no stream 'nope' in pipeline 'p'; its streams: "):
         h.output("nope")
     h.advance_watermark("src", 10)
     with pytest.raises(ValueError, match=r"'src' watermark cannot go back from 10 to 5"):

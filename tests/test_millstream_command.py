@@ -87,3 +87,7 @@ def test_run_refuses_an_empty_root_and_never_deletes_the_directory_it_runs_in(tm
     assert_refused(call(millstream_main, "run", "pipeline:pipeline", "--root", "foo://bucket/x", cwd=cwd),
                    "local directory")
     assert not os.path.exists(project / "foo:")
+
+
+def test_status_refuses_an_empty_root(tmp_path) -> None:
+    assert_refused(call(millstream_main, "status", "", cwd=str(tmp_path)), "the root is empty")

@@ -81,6 +81,8 @@ class RootView:
 def _storage(root: str) -> Any:
     from millstream.spark.storage import Storage, is_local
 
+    if not root.strip():
+        raise UsageError("the root is empty; give a millstream root, e.g. millstream status ./millstream-data")
     if is_local(root) and not os.path.isdir(root):
         raise UsageError(f"{root}: no such directory")
     storage = Storage(root)

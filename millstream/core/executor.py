@@ -352,6 +352,9 @@ class _Invocation:
         self._order = order + 1
 
     def _bad_production(self, record: Any, stream: str) -> None:
+        if isinstance(stream, Record) and isinstance(record, str):
+            raise ComputationError(f"{self._plan.name}: produce() takes the record first, then the stream: "
+                                   f"produce(record, {record!r})")
         if stream not in self._plan.output_codecs:
             raise ComputationError(
                 f"computation {self._plan.name!r} produced to stream {stream!r}, which is not among its "

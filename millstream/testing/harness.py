@@ -231,7 +231,8 @@ class PipelineHarness:
     def output(self, stream: str) -> list[Record[Any]]:
         """Every record produced on `stream` so far, decoded, in production order."""
         if stream not in self._outputs:
-            raise KeyError(f"unknown stream {stream!r}")
+            raise KeyError(f"no stream {stream!r} in pipeline {self.pipeline.name!r}; its streams: "
+                           f"{sorted(self._outputs)}")
         codec = self.pipeline.codec(stream)
         return [Record(p.key, codec.decode(p.value), p.timestamp, p.id) for p in self._outputs[stream]]
 
