@@ -29,6 +29,7 @@ in its records, not quadratic.
 from __future__ import annotations
 
 import bisect
+import time
 from dataclasses import dataclass, field, fields
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, NamedTuple, Sequence
@@ -38,7 +39,7 @@ import xxhash
 from millstream.core.deadletters import dead_letter, describe_error, user_traceback
 from millstream.core.garbage import bulk_work
 from millstream.core.production import Produced, ProductionRow, as_produced, order_base
-from millstream.core.keystate import KeyState, decoded_value
+from millstream.core.keystate import KeyState, NotPlainData, StateCheckpoint, decoded_value
 from millstream.core.plan import ComputationPlan, InputPlan, KeyExtractionError
 from millstream.core.store import KeyStore, StoredKey
 from millstream.core.watermarks import Segment
@@ -56,6 +57,9 @@ MAX_TIMER_FIRINGS_PER_STEP = 100_000
 # so that a later failure replays at most this many (0: no checkpoints, every failure reruns the step).
 CHECKPOINT_RECORDS = 16
 MAX_CHECKPOINT_RECORDS = 256  # the records between checkpoints double up to this while none fails
+# ... unless copying the key's state takes longer: checkpoints then cost at most this share of the
+# records' time (None: ignore the time, for tests that count invocations).
+CHECKPOINT_COPY_SHARE: float | None = 0.25
 _WALL, _LOW_WATERMARK = TimeDomain.WALL_TIME, TimeDomain.LOW_WATERMARK
 _new_tuple = tuple.__new__  # a NamedTuple without its Python-level __new__
 _hex128 = xxhash.xxh3_128_hexdigest
@@ -140,7 +144,7 @@ class _Checkpoint(NamedTuple):
     """A key's step between two records of an input point (_KeyStep.checkpoint): what a rollback to
     it restores."""
 
-    state: KeyState  # a copy of the key's state (KeyState.step_copy)
+    state: StateCheckpoint  # the key's state (KeyState.checkpoint)
     productions: int  # len(_KeyStep.out)
     seen: int  # len(_KeyStep.seen): the dedup ids of this step, in the order added
     metrics: "StepMetrics"
@@ -199,12 +203,8 @@ class _Invocation:
         """(the key's next production's order, set_at, timer_changes): what rewind() takes back."""
         return self._order, dict(self.set_at), self.timer_changes
 
-    def rewind(self, state: KeyState, order: int, set_at: dict[str, int], timer_changes: int) -> None:
-        """Continue on `state` (a checkpoint's, copied again) from position() as it was then."""
-        self._state, self._timers = state, state.timers
-        self._handles.clear()
-        self._by_spec.clear()
-        self._last_spec, self._last_handle = _NO_SPEC, None
+    def rewind(self, order: int, set_at: dict[str, int], timer_changes: int) -> None:
+        """Go on from position() as another context had it (a step restored to a checkpoint)."""
         self._order, self.set_at, self.timer_changes = order, dict(set_at), timer_changes
 
     def _begin(self, cause: str, setter: str | None, stream: str | None, late: bool, low_watermark: int,
@@ -450,7 +450,7 @@ class _KeyStep:
             position = end
         last = len(segments) - 1
         self.fire(segments[last].advanced_to, last, wall=True)
-        state = self.state  # (a rollback to a checkpoint replaces it)
+        state = self.state
         if state.written:
             state.expire(segments[last].advanced_to, plan.ttls)
         try:
@@ -514,52 +514,62 @@ class _KeyStep:
         """deliver(), a run of records at a time, with a checkpoint before each run: a record that
         fails is handed to on_failure (which skips it from then on), the key is rolled back to the
         checkpoint, and the records since are delivered again up to the failed one. Runs start at
-        CHECKPOINT_RECORDS records and double while no record fails, up to MAX_CHECKPOINT_RECORDS.
-        Code that fails differently when run again (it is not deterministic) may fail again on the
-        way back: each failure skips one more record, so this ends."""
+        CHECKPOINT_RECORDS records and double while no record fails, up to MAX_CHECKPOINT_RECORDS or
+        longer when the checkpoint's copy is slow (CHECKPOINT_COPY_SHARE). The outcome does not depend
+        on where the checkpoints fall, only the cost.
+        A checkpoint serves one rollback: code that fails again on the way back (it is not
+        deterministic) makes the step start over, as before checkpoints."""
         position, count = 0, len(items)
         interval = CHECKPOINT_RECORDS
         while position < count:
             end = min(position + interval, count)
+            started = time.perf_counter()
             checkpoint = self.checkpoint()
-            interval = min(2 * interval, MAX_CHECKPOINT_RECORDS)  # fewer copies of a large state
+            copied = time.perf_counter()
+            failed = False
             while True:
                 try:
                     self.deliver(items[position:end], j, first + position)
                     break
                 except _UserFailure as failure:
-                    if checkpoint is None:
-                        raise  # the key's state could not be copied: the step runs again instead
+                    if checkpoint is None:  # the state is not plain data, or code failed anew on the way back
+                        raise  # (it is not deterministic): the step starts over instead
                     self.restore(checkpoint)
+                    checkpoint = None  # spent
                     self.on_failure(failure)  # type: ignore[misc]
                     end = max(failure.items) - first + 1  # replay up to the failed record, now skipped
-                    interval = CHECKPOINT_RECORDS
+                    failed = True
+            # The next run: long enough that its checkpoint costs at most CHECKPOINT_COPY_SHARE of the
+            # records' time (a large state is copied seldom), doubling while no record fails.
+            floor = CHECKPOINT_RECORDS
+            if CHECKPOINT_COPY_SHARE:
+                per_record = (time.perf_counter() - copied) / (end - position)
+                floor = max(floor, int((copied - started) / (CHECKPOINT_COPY_SHARE * per_record or 1e-9)))
+            interval = floor if failed else max(floor, min(2 * interval, MAX_CHECKPOINT_RECORDS))
             position = end
 
     def checkpoint(self) -> _Checkpoint | None:
-        """The key's step as it is now, or None if a state value cannot be copied."""
+        """The key's step as it is now, or None if its state holds a value that is not plain data."""
         try:
-            state = self.state.step_copy(self.shared_in_copies())
-        except Exception:
+            state = self.state.checkpoint()
+        except NotPlainData:
             return None
         metrics = StepMetrics()
         metrics.add(self.metrics)
         return _Checkpoint(state, len(self.out), len(self.seen), metrics, *self.ctx.position())
 
-    def shared_in_copies(self) -> tuple[Any, ...]:
-        """What a copy of the key's state refers to without copying: the context (its cells report
-        writes to it) and the declared state specs."""
-        return (self.ctx, *self.plan.state_specs.values())
-
     def restore(self, checkpoint: _Checkpoint) -> None:
-        """The key's step as it was at `checkpoint` (between two invocations: no timer fires meanwhile).
-        The checkpoint stays valid: a copy of its state goes on."""
-        self.state = checkpoint.state.step_copy(self.shared_in_copies())
-        self.ctx.rewind(self.state, checkpoint.order, checkpoint.set_at, checkpoint.timer_changes)
+        """The key's step as it was at `checkpoint` (between two invocations: no timer fires meanwhile),
+        with a new context, as a run that starts over has: code that keeps handles per context gets
+        the restored state's. The checkpoint is spent."""
+        state = self.state = KeyState.restored(checkpoint.state)
+        ctx = self.ctx = _Invocation(self.plan, state, self.key, self.wall_time, self.out, self.segments)
+        state.report_writes_to(ctx._wrote)
+        ctx.rewind(checkpoint.order, checkpoint.set_at, checkpoint.timer_changes)
         del self.out[checkpoint.productions:]
         seen = self.seen
-        for rid in list(seen)[checkpoint.seen:]:
-            del seen[rid]
+        while len(seen) > checkpoint.seen:  # ids are only added in a step: the newest go
+            seen.popitem()
         self.metrics = StepMetrics()
         self.metrics.add(checkpoint.metrics)
 

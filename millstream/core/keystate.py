@@ -15,9 +15,8 @@ on schedule whether or not the key sees records again.
 
 from __future__ import annotations
 
-import copy
 import pickle
-from typing import Any, Iterable, Iterator, NamedTuple
+from typing import Any, Iterator, NamedTuple
 
 from millstream.model.codecs import Codec, CodecError, JsonCodec, StrCodec
 from millstream.model.records import TimeDomain, Timer
@@ -77,21 +76,33 @@ class KeyState:
     def is_empty(self) -> bool:
         return not (self.values or self.timers)
 
-    def step_copy(self, shared: Iterable[Any]) -> "KeyState":
-        """A copy of the key's state as the step has left it so far, to go back to: the decoded cells
-        copied deeply (user code may mutate their values in place), with `shared` objects (specs, the
-        context their writes report to) and the persisted encodings not copied. Those stay unchanged
-        until the step's flush (only a flush writes them), so this is valid between flushes only.
-        Nothing is encoded: the copy changes nothing, unlike a flush. Raises what deepcopy raises
-        for a value it cannot copy."""
-        copied = KeyState.__new__(KeyState)
-        copied.values, copied.written = dict(self.values), dict(self.written)
-        copied.timers = dict(self.timers)  # tuples of immutable fields
-        memo = {id(kept): kept for kept in (_ABSENT, _REMOVED, _MISSING, *shared)}
-        for stored in self.values.values():
-            memo[id(stored)] = stored
-        copied._live = {name: _copy_cell(cell, memo) for name, cell in self._live.items()}
-        return copied
+    def checkpoint(self) -> "StateCheckpoint":
+        """The key's state as the step has left it so far, to go back to (restored()): the decoded
+        cells copied (user code may mutate their values in place), the persisted encodings not. Those
+        stay unchanged until the step's flush (only a flush writes them), so a checkpoint is valid
+        between flushes only. Nothing is encoded: taking one changes nothing, unlike a flush. Raises
+        NotPlainData for a decoded value that is not plain data (dict, list, tuple, str, int, float,
+        bool, None, bytes): a copy of anything else might not behave as the original (identity, a
+        set's order)."""
+        memo: dict[int, Any] = {}
+        return StateCheckpoint(dict(self.values), dict(self.written), dict(self.timers),
+                               {name: cell.copy(memo) for name, cell in self._live.items()})
+
+    @classmethod
+    def restored(cls, checkpoint: "StateCheckpoint") -> "KeyState":
+        """The key's state as at `checkpoint`, made of the checkpoint's own copies (it is spent: a
+        second use would see what the state did since); the cells of states first used since do not
+        exist, as in a run that never used them."""
+        state = cls.__new__(cls)
+        state.values, state.written, state.timers = checkpoint.values, checkpoint.written, checkpoint.timers
+        state._live = dict(checkpoint.cells)
+        return state
+
+    def report_writes_to(self, on_write: Any) -> None:
+        """Cells that report writes (TTL'd states) report them to `on_write` from now on."""
+        for cell in self._live.values():
+            if cell.on_write is not None:
+                cell.on_write = on_write
 
     # -- state values --------------------------------------------------------------------------
     def cell(self, spec: StateSpec, on_write: Any = None) -> Any:
@@ -133,8 +144,19 @@ class KeyState:
 
     def flush(self, specs: dict[str, StateSpec]) -> None:
         """Encode every cell of this step (user code may have mutated values in place). Empty lists
-        and maps, None values and cleared states are not stored at all. Cells stay valid."""
-        for name, cell in self._live.items():
+        and maps, None values and cleared states are not stored at all. Cells stay valid.
+
+        In the order the states are declared, not the order the step first used them: what a step
+        stores then does not depend on which of its invocations ran (a rollback to a checkpoint keeps
+        a cell a failed invocation first used)."""
+        live = self._live
+        names: Any = live
+        if len(live) > 1:
+            names = [name for name in specs if name in live]
+            if len(names) != len(live):  # cells of states not passed in `specs` (direct use): last
+                names += [name for name in live if name not in specs]
+        for name in names:
+            cell = live[name]
             try:
                 encoded = cell.encode()
             except CodecError as error:
@@ -197,16 +219,51 @@ class KeyState:
 
 
 _IMMUTABLE = (int, float, str, bool, bytes, type(None))
-_IMMUTABLE_TYPES = frozenset(_IMMUTABLE)
+_PLAIN_ATOMS = frozenset(_IMMUTABLE)
 
 
-def _copy_cell(cell: Any, memo: dict[int, Any]) -> Any:
-    """A cell copied deeply for KeyState.step_copy; lists and values of immutable items copied in C."""
-    if type(cell) is ListCell and set(map(type, cell.items)) <= _IMMUTABLE_TYPES:
-        return ListCell(cell.spec, list(cell.items), cell.on_write)
-    if type(cell) is ValueCell and type(cell.value) in _IMMUTABLE_TYPES:
-        return copy.copy(cell)
-    return copy.deepcopy(cell, memo)
+class NotPlainData(Exception):
+    """A decoded state value a checkpoint does not copy (KeyState.checkpoint)."""
+
+
+class StateCheckpoint(NamedTuple):
+    """A key's state within a step (KeyState.checkpoint)."""
+
+    values: dict[str, Any]  # the persisted encodings, shared with the state (unchanged until a flush)
+    written: dict[str, int]
+    timers: dict[str, tuple[int, bool, str, str]]
+    cells: dict[str, Any]  # name -> a copy of the cell
+
+
+def _plain_copy(value: Any, memo: dict[int, Any]) -> Any:
+    """A copy of plain data, as deep as its containers go, sharing what the original shares (`memo`:
+    id of a container -> its copy, for one copy of a key's state); raises NotPlainData for anything
+    else. Lists and dicts of atoms are copied in C."""
+    kind = type(value)
+    if kind in _PLAIN_ATOMS:
+        return value
+    copied = memo.get(id(value))
+    if copied is not None:
+        return copied
+    if kind is list:
+        if set(map(type, value)) <= _PLAIN_ATOMS:
+            copied = memo[id(value)] = value.copy()
+        else:
+            copied = memo[id(value)] = []
+            copied.extend(_plain_copy(item, memo) for item in value)
+    elif kind is dict:
+        if set(map(type, value.values())) <= _PLAIN_ATOMS:
+            copied = memo[id(value)] = value.copy()
+        else:
+            copied = memo[id(value)] = {}
+            for key, item in value.items():
+                copied[key] = _plain_copy(item, memo)
+    elif kind is tuple:
+        items = [_plain_copy(item, memo) for item in value]
+        copied = memo[id(value)] = value if all(a is b for a, b in zip(items, value)) else tuple(items)
+    else:
+        raise NotPlainData(f"a {kind.__name__} in state")
+    return copied
 
 
 class ValueCell:
@@ -220,6 +277,12 @@ class ValueCell:
         self.origin = "stored" if stored is not _ABSENT else "absent"  # or "default", "set"
         self.deleted = False  # cleared this step: the stored value must go
         self.on_write = on_write
+
+    def copy(self, memo: dict[int, Any]) -> "ValueCell":
+        copied = ValueCell.__new__(ValueCell)
+        copied.spec, copied.origin, copied.deleted, copied.on_write = self.spec, self.origin, self.deleted, self.on_write
+        copied.value = self.value if self.value is _ABSENT else _plain_copy(self.value, memo)
+        return copied
 
     def get(self) -> Any:
         if self.origin == "absent":
@@ -259,6 +322,9 @@ class ListCell:
 
     def __init__(self, spec: ListState[Any], items: list[Any], on_write: Any = None) -> None:
         self.spec, self.items, self.on_write = spec, items, on_write
+
+    def copy(self, memo: dict[int, Any]) -> "ListCell":
+        return ListCell(self.spec, _plain_copy(self.items, memo), self.on_write)
 
     def get(self) -> list[Any]:
         return self.items
@@ -329,6 +395,15 @@ class MapCell:
         # The stored keys, decoded (to their encodings); None: not built (yet), or not for this map.
         self.index: dict[Any, bytes] | None = None
         self.unindexed_lookups = self._lookups_before_index()
+
+    def copy(self, memo: dict[int, Any]) -> "MapCell":
+        copied = MapCell.__new__(MapCell)
+        copied.spec, copied.stored, copied.on_write = self.spec, self.stored, self.on_write
+        copied.live = {key: value if value is _REMOVED else _plain_copy(value, memo) for key, value in self.live.items()}
+        copied.encoded, copied.first_forms = dict(self.encoded), dict(self.first_forms)
+        copied.index = None if self.index is None else dict(self.index)
+        copied.unindexed_lookups = self.unindexed_lookups
+        return copied
 
     def _lookups_before_index(self) -> int:
         """How many keys are looked up by their encoding alone before the index is built (see the
