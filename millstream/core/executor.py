@@ -32,7 +32,7 @@ import bisect
 import time
 from dataclasses import dataclass, field, fields
 from operator import attrgetter
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, NamedTuple, Sequence
+from typing import TYPE_CHECKING, AbstractSet, Any, Callable, Iterable, Mapping, NamedTuple, Sequence
 
 import xxhash
 
@@ -63,6 +63,9 @@ CHECKPOINT_COPY_SHARE: float | None = 0.25
 _WALL, _LOW_WATERMARK = TimeDomain.WALL_TIME, TimeDomain.LOW_WATERMARK
 _new_tuple = tuple.__new__  # a NamedTuple without its Python-level __new__
 _hex128 = xxhash.xxh3_128_hexdigest
+_NO_SKIPPED_ITEMS: frozenset[int] = frozenset()  # a key's first run of a step skips nothing
+_NO_SKIPPED_TIMERS: frozenset[tuple[str, int, str]] = frozenset()
+_NO_TIMERS_MET: list[tuple[str, int, str]] = []  # shared and never added to (nothing is skipped)
 _NO_SPEC = object()  # no state asked for yet (None is a mistake user code can make: it must reach the check)
 
 
@@ -405,7 +408,7 @@ class _KeyStep:
     """One key through one step (see the module doc). Raises _UserFailure when user code fails."""
 
     def __init__(self, executor: "KeyGroupExecutor", key: str, blob: bytes | None, segments: Sequence[Segment],
-                 wall_time: int, skip_items: set[int], skip_timers: set[tuple[str, int, str]],
+                 wall_time: int, skip_items: AbstractSet[int], skip_timers: AbstractSet[tuple[str, int, str]],
                  flush_each: bool, on_failure: Callable[[_UserFailure], None] | None = None) -> None:
         self.plan = executor.plan
         self.key = key
@@ -419,8 +422,8 @@ class _KeyStep:
         # Given (a run after a failure, dead_letter policy): records are delivered between checkpoints,
         # and a record's failure is handed to it (the policy: dead letter, skip) and rolled back in place.
         # (Not with flush_each: checkpoints hold the persisted encodings, valid only between flushes.)
-        checkpoints = CHECKPOINT_RECORDS and not executor.plan.batched and not flush_each
-        self.on_failure = on_failure if checkpoints else None
+        self.on_failure = on_failure if (on_failure is not None and CHECKPOINT_RECORDS and not flush_each
+                                         and not executor.plan.batched) else None
         self.seen: dict[str, int] = {}  # ids of injected records this step, with their marks
         self.seen_before = executor.store.seen_ids(key)  # the key's ids of earlier steps
         self.ctx = _Invocation(self.plan, self.state, key, wall_time, self.out, segments)
@@ -428,7 +431,8 @@ class _KeyStep:
         self.keyed_after = executor.keyed_after
         self.firings = 0
         self.timers_before = len(self.state.timers)
-        self.timers_skipped: list[tuple[str, int, str]] = []  # failed in an earlier run, met in this one
+        # Timers that failed in an earlier run, met in this one (fire() adds only where skip_timers holds any).
+        self.timers_skipped: list[tuple[str, int, str]] = [] if skip_timers else _NO_TIMERS_MET
 
     def run(self, items: Sequence[Delivery]) -> None:
         """The key's deliveries in input order. A delivery is known by its position in `items` (the
@@ -739,8 +743,14 @@ class KeyGroupExecutor:
     def _key_step(self, key: str, items: Sequence[Delivery], blob: bytes | None,
                   segments: Sequence[Segment], wall_time: int, out: list[ProductionRow],
                   metrics: StepMetrics) -> _KeyStep:
-        """The key's step, run again without each failing input under the dead_letter policy (runs
+        """The key's step; run again without each failing input under the dead_letter policy (runs
         after the first deliver records between checkpoints: see the module doc)."""
+        step = _KeyStep(self, key, blob, segments, wall_time, _NO_SKIPPED_ITEMS, _NO_SKIPPED_TIMERS, False)
+        try:
+            step.run(items)  # the common case: nothing fails, and nothing is set up for failures
+            return step
+        except (_StateFlushFailed, _UserFailure) as first:
+            failure = first
         skip_items: set[int] = set()
         skip_timers: set[tuple[str, int, str]] = set()
         # A failed timer's dead letter, published only if the run that stands meets the timer: code
@@ -762,20 +772,21 @@ class KeyGroupExecutor:
             skip_items.update(failure.items)
 
         for _ in range(len(items) + MAX_TIMER_FIRINGS_PER_STEP + 2):
+            if isinstance(failure, _StateFlushFailed):
+                flush_each = True  # run again, encoding after every invocation, to find the culprit
+            else:
+                apply_policy(failure)
             step = _KeyStep(self, key, blob, segments, wall_time, skip_items, skip_timers, flush_each,
                             apply_policy if skip_items or skip_timers else None)
             try:
                 step.run(items)
-            except _StateFlushFailed:
-                flush_each = True  # run again, encoding after every invocation, to find the culprit
+            except (_StateFlushFailed, _UserFailure) as again:
+                failure = again
                 continue
-            except _UserFailure as failure:
-                apply_policy(failure)
-            else:
-                for timer in step.timers_skipped:
-                    out.append(timer_letters[timer])
-                    metrics.dead_letters += 1
-                return step
+            for timer in step.timers_skipped:
+                out.append(timer_letters[timer])
+                metrics.dead_letters += 1
+            return step
         raise ComputationError(f"computation {self.plan.name!r}, key {key!r}: step did not settle")
 
     def _failure_message(self, key: str, delivery: Delivery | None, failure: _UserFailure) -> str:
