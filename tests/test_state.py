@@ -648,37 +648,40 @@ def test_a_map_key_stored_by_a_codec_that_decodes_it_differently_is_still_found(
     assert later.encode() is None  # removed from what is stored
 
 
+class CountingJson(JsonCodec):
+    """JSON, counting its encodes and decodes (class-wide: reset them in the test)."""
+
+    encodes = decodes = 0
+
+    def encode(self, value):
+        CountingJson.encodes += 1
+        return super().encode(value)
+
+    def decode(self, data):
+        CountingJson.decodes += 1
+        return super().decode(data)
+
+
 def test_a_step_looking_up_few_keys_of_a_stored_map_decodes_none_of_its_keys(monkeypatch):
     """The index of a map's stored keys costs a decode per entry: it is built only once a step has
     looked up as many keys as the map holds, after which keys not stored cost no encoding."""
     from millstream.core import keystate
     from millstream.core.keystate import MapCell
 
-    class Counting(JsonCodec):
-        encodes = decodes = 0
-
-        def encode(self, value):
-            Counting.encodes += 1
-            return super().encode(value)
-
-        def decode(self, data):
-            Counting.decodes += 1
-            return super().decode(data)
-
-    monkeypatch.setattr(keystate, "_EXACT_KEY_CODECS", (Counting,))
-    codec = Counting()
+    monkeypatch.setattr(keystate, "_EXACT_KEY_CODECS", (CountingJson,))
+    codec = CountingJson()
     stored = {codec.encode(k): b"1" for k in range(10)}
-    Counting.encodes = 0
+    CountingJson.encodes = CountingJson.decodes = 0
     cell = MapCell(MapState("m", key_codec=codec), stored)
     assert cell.get(100) is None
-    assert (Counting.encodes, Counting.decodes) == (1, 0)  # one key looked up: by its encoding alone
+    assert (CountingJson.encodes, CountingJson.decodes) == (1, 0)  # one key looked up: by its encoding alone
     assert [cell.get(k) for k in range(3, 12)] == [1] * 7 + [None] * 2
-    assert Counting.decodes == 0  # ten keys looked up, as many as stored: no index yet
+    assert CountingJson.decodes == 0  # ten keys looked up, as many as stored: no index yet
     assert cell.get(12) is None
-    assert Counting.decodes == 10  # the eleventh built it
-    encodes = Counting.encodes
+    assert CountingJson.decodes == 10  # the eleventh built it
+    encodes = CountingJson.encodes
     assert [cell.get(k) for k in range(200, 220)] == [None] * 20
-    assert Counting.encodes == encodes  # keys not stored: found absent without encoding them
+    assert CountingJson.encodes == encodes  # keys not stored: found absent without encoding them
     assert cell.get(1) == 1
 
 
@@ -688,24 +691,13 @@ def test_repeated_lookups_of_one_absent_key_build_no_index(monkeypatch):
     from millstream.core import keystate
     from millstream.core.keystate import MapCell
 
-    class Counting(JsonCodec):
-        encodes = decodes = 0
-
-        def encode(self, value):
-            Counting.encodes += 1
-            return super().encode(value)
-
-        def decode(self, data):
-            Counting.decodes += 1
-            return super().decode(data)
-
-    monkeypatch.setattr(keystate, "_EXACT_KEY_CODECS", (Counting,))
-    codec = Counting()
+    monkeypatch.setattr(keystate, "_EXACT_KEY_CODECS", (CountingJson,))
+    codec = CountingJson()
     cell = MapCell(MapState("m", key_codec=codec), {codec.encode(k): b"1" for k in range(10)})
-    Counting.encodes = 0
+    CountingJson.encodes = CountingJson.decodes = 0
     for _ in range(33):
         assert cell.get(100) is None and not cell.contains(100)
-    assert (Counting.encodes, Counting.decodes) == (1, 0)
+    assert (CountingJson.encodes, CountingJson.decodes) == (1, 0)
 
 
 def test_map_keys_equal_across_types_are_found_as_before_the_index():
