@@ -1034,3 +1034,66 @@ def test_misuse_of_the_context_is_named_clearly(action, arg, message):
     ex = make_executor(ContextMisuse())
     with pytest.raises(ComputationFailed, match=message):
         step(ex, [deliver("k", [action, arg], 1, "r1")], 10, 0)
+
+
+class Keeper(Computation):
+    """value {"op": "keep", "n": 0} stores the record's own value; {"op": "bump"} adds one to it in place;
+    "fail" raises after. {"op": "deep", "depth": d} stores a list nested d deep (JSON holds 900)."""
+
+    kept = ValueState("kept")
+    keys = ValueState("keys", codec=PickleCodec())
+
+    def process_record(self, ctx, record):
+        value, kept = record.value, ctx.state(self.kept)
+        if value["op"] == "keep":
+            kept.set(value)  # the record's decoded value itself
+        elif value["op"] == "bump":
+            kept.get()["n"] += 1  # changes the kept record's value too: a rerun must not see that
+        elif value["op"] == "deep":
+            nested: list = []
+            for _ in range(value["depth"]):
+                nested = [nested]
+            kept.set({"n": 0, "deep": nested})
+        elif value["op"] == "object_key":  # a key hashed by identity, changed in place
+            keys = ctx.state(self.keys)
+            table = keys.get() or {_IdentityKey(): 0}
+            next(iter(table)).n += 1
+            keys.set(table)
+        if value.get("fail"):
+            raise ValueError("refused")
+
+
+class _IdentityKey:
+    def __init__(self) -> None:
+        self.n = 0
+
+
+def _keeper_outcome(ops: list[dict], every: int, monkeypatch) -> tuple:
+    from millstream.core import executor as executor_module
+
+    monkeypatch.setattr(executor_module, "CHECKPOINT_RECORDS", every)
+    monkeypatch.setattr(executor_module, "CHECKPOINT_COPY_SHARE", None)
+    ex = make_executor(Keeper(), on_error="dead_letter")
+    codec = JsonCodec()  # records arrive encoded, as the runners make them (decoded when read)
+    deliveries = [Delivery("k", "in", Record.encoded("k", codec.encode(op), codec, n, f"r{n}"), 0, True)
+                  for n, op in enumerate(ops)]
+    result = step(ex, deliveries, len(ops), 0)
+    values, _ = inspect_key(ex.plan, ex.store.load(["k"])["k"])
+    keys = values.pop("keys", None)
+    return result.metrics.dead_letters, values, keys and [k.n for k in keys]
+
+
+def test_a_failed_invocation_that_changed_a_records_value_in_place_leaves_no_trace(monkeypatch):
+    ops = [{"op": "keep", "n": 0}, {"op": "bump"}, {"op": "bump", "fail": True}, {"op": "bump"},
+           {"op": "bump", "fail": True}, {"op": "bump"}]
+    expected = (2, {"kept": {"op": "keep", "n": 3}}, None)  # three bumps stood
+    for every in (0, 1, 2, 3, 16):
+        assert _keeper_outcome(ops, every, monkeypatch) == expected, every
+
+
+def test_state_too_deep_or_keyed_by_mutable_objects_makes_the_step_start_over(monkeypatch):
+    deep = [{"op": "deep", "depth": 400}, {"op": "bump", "fail": True}, {"op": "bump"}, {"op": "bump", "fail": True}]
+    assert all(_keeper_outcome(deep, every, monkeypatch)[:1] == (2,) for every in (0, 1, 3))
+    keyed = [{"op": "object_key"}, {"op": "object_key", "fail": True}, {"op": "object_key"},
+             {"op": "object_key", "fail": True}, {"op": "object_key"}]
+    assert {every: _keeper_outcome(keyed, every, monkeypatch)[2] for every in (0, 1, 3)} == {0: [3], 1: [3], 3: [3]}

@@ -542,6 +542,8 @@ class _KeyStep:
                     checkpoint = None  # spent
                     self.on_failure(failure)  # type: ignore[misc]
                     end = max(failure.items) - first + 1  # replay up to the failed record, now skipped
+                    for delivery in items[position:end]:  # code may have changed a value it read in place
+                        delivery.record.decode_again()
                     failed = True
             # The next run: long enough that its checkpoint costs at most CHECKPOINT_COPY_SHARE of the
             # records' time (a large state is copied seldom), doubling while no record fails.
@@ -776,6 +778,8 @@ class KeyGroupExecutor:
                 flush_each = True  # run again, encoding after every invocation, to find the culprit
             else:
                 apply_policy(failure)
+            for delivery in items:  # code may have changed a value it read in place
+                delivery.record.decode_again()
             step = _KeyStep(self, key, blob, segments, wall_time, skip_items, skip_timers, flush_each,
                             apply_policy if skip_items or skip_timers else None)
             try:

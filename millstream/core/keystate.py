@@ -235,35 +235,55 @@ class StateCheckpoint(NamedTuple):
     cells: dict[str, Any]  # name -> a copy of the cell
 
 
-def _plain_copy(value: Any, memo: dict[int, Any]) -> Any:
+# Plain data nested deeper than this is not copied (NotPlainData: the step starts over instead).
+MAX_PLAIN_DEPTH = 100
+
+
+def _plain_copy(value: Any, memo: dict[int, Any], depth: int = 0) -> Any:
     """A copy of plain data, as deep as its containers go, sharing what the original shares (`memo`:
     id of a container -> its copy, for one copy of a key's state); raises NotPlainData for anything
-    else. Lists and dicts of atoms are copied in C."""
+    else (dict keys included: they are shared, so they must be immutable), or nested deeper than
+    MAX_PLAIN_DEPTH. Lists and dicts of atoms are copied in C."""
     kind = type(value)
     if kind in _PLAIN_ATOMS:
         return value
     copied = memo.get(id(value))
     if copied is not None:
         return copied
+    if depth >= MAX_PLAIN_DEPTH:
+        raise NotPlainData(f"state nested deeper than {MAX_PLAIN_DEPTH}")
     if kind is list:
         if set(map(type, value)) <= _PLAIN_ATOMS:
             copied = memo[id(value)] = value.copy()
         else:
             copied = memo[id(value)] = []
-            copied.extend(_plain_copy(item, memo) for item in value)
+            for item in value:
+                copied.append(_plain_copy(item, memo, depth + 1))
     elif kind is dict:
+        _check_plain_keys(value, memo, depth)
         if set(map(type, value.values())) <= _PLAIN_ATOMS:
             copied = memo[id(value)] = value.copy()
         else:
             copied = memo[id(value)] = {}
             for key, item in value.items():
-                copied[key] = _plain_copy(item, memo)
+                copied[key] = _plain_copy(item, memo, depth + 1)
     elif kind is tuple:
-        items = [_plain_copy(item, memo) for item in value]
+        items = []
+        for item in value:
+            items.append(_plain_copy(item, memo, depth + 1))
         copied = memo[id(value)] = value if all(a is b for a, b in zip(items, value)) else tuple(items)
     else:
         raise NotPlainData(f"a {kind.__name__} in state")
     return copied
+
+
+def _check_plain_keys(mapping: dict[Any, Any], memo: dict[int, Any], depth: int) -> None:
+    """Refuse a dict whose keys are not plain atoms or tuples of plain data (keys are not copied)."""
+    if set(map(type, mapping)) <= _PLAIN_ATOMS:
+        return
+    for key in mapping:
+        if type(key) not in _PLAIN_ATOMS and (type(key) is not tuple or _plain_copy(key, memo, depth + 1) is not key):
+            raise NotPlainData(f"a {type(key).__name__} as a dict key in state")
 
 
 class ValueCell:
@@ -399,7 +419,9 @@ class MapCell:
     def copy(self, memo: dict[int, Any]) -> "MapCell":
         copied = MapCell.__new__(MapCell)
         copied.spec, copied.stored, copied.on_write = self.spec, self.stored, self.on_write
-        copied.live = {key: value if value is _REMOVED else _plain_copy(value, memo) for key, value in self.live.items()}
+        live = self.live
+        _check_plain_keys(live, memo, 0)
+        copied.live = {key: value if value is _REMOVED else _plain_copy(value, memo) for key, value in live.items()}
         copied.encoded, copied.first_forms = dict(self.encoded), dict(self.first_forms)
         copied.index = None if self.index is None else dict(self.index)
         copied.unindexed_lookups = self.unindexed_lookups

@@ -76,6 +76,13 @@ class Record(Generic[V]):
             self._value = self._codec.decode(self._encoded)
         return self._value
 
+    def decode_again(self) -> None:
+        """Forget the decoded value of a record that came encoded (Record.encoded): the next read
+        decodes it afresh. For a record handed to user code again after a rollback, since code may
+        have changed the value it read in place."""
+        if self._codec is not None:
+            self._value = _UNDECODED
+
     def encoded_value(self, codec: Any) -> bytes:
         """The value's bytes under `codec`, reusing the bytes the record arrived with."""
         if self._encoded is not None and self._codec is codec:
