@@ -420,8 +420,9 @@ class _KeyStep:
         self.metrics = StepMetrics()
         self.skip_items, self.skip_timers, self.flush_each = skip_items, skip_timers, flush_each
         # Given (a run after a failure, dead_letter policy): records are delivered between checkpoints,
-        # and a record's failure is handed to it (the policy: dead letter, skip) and rolled back in place.
-        # (Not with flush_each: checkpoints hold the persisted encodings, valid only between flushes.)
+        # a record's failure is handed to it (the policy: dead letter, skip) and the step goes back to
+        # the last checkpoint. (Not with flush_each: checkpoints share the persisted encodings, valid
+        # only between flushes; nor under the batch hook: a call takes a point's records at once.)
         self.on_failure = on_failure if (on_failure is not None and CHECKPOINT_RECORDS and not flush_each
                                          and not executor.plan.batched) else None
         self.seen: dict[str, int] = {}  # ids of injected records this step, with their marks
