@@ -700,14 +700,21 @@ def test_repeated_lookups_of_one_absent_key_build_no_index(monkeypatch):
     assert (CountingJson.encodes, CountingJson.decodes) == (1, 0)
 
 
-def test_map_keys_equal_across_types_are_found_as_before_the_index():
+def _reloaded_map(key, value):
+    """A KeyState whose map state "m" holds one entry, flushed and read back (the next step's view)."""
     from millstream.core.keystate import KeyState
 
     spec = MapState("m")
     state = KeyState()
-    state.cell(spec).put("a", 2)
+    state.cell(spec).put(key, value)
     state.flush({"m": spec})
-    state = KeyState.loads(state.dumps())
+    return KeyState.loads(state.dumps()), spec
+
+
+def test_map_keys_equal_across_types_are_found_as_before_the_index():
+    from millstream.core.keystate import KeyState
+
+    state, spec = _reloaded_map("a", 2)
     cell = state.cell(spec)  # one stored entry: the second lookup builds the index
     assert not cell.contains("b") and not cell.contains(1.0)
     cell.put(1, 4)  # 1 == 1.0 in Python: the step already looked this key up as 1.0
@@ -767,13 +774,8 @@ def test_json_codec_decodes_negative_ints_of_nineteen_digits_exactly():
 
 
 def test_a_big_negative_int_map_key_is_found_and_removed_once_the_index_is_built():
-    from millstream.core.keystate import KeyState
-
-    spec, key = MapState("m"), -9999999999999999999
-    state = KeyState()
-    state.cell(spec).put(key, "v")
-    state.flush({"m": spec})
-    state = KeyState.loads(state.dumps())
+    key = -9999999999999999999
+    state, spec = _reloaded_map(key, "v")
     cell = state.cell(spec)
     cell.get("x")  # one stored entry: the second lookup builds the index
     assert cell.get(key, "absent") == "v" and cell.contains(key)
@@ -783,14 +785,9 @@ def test_a_big_negative_int_map_key_is_found_and_removed_once_the_index_is_built
 
 
 def test_a_failed_flush_leaves_no_stale_map_index():
-    from millstream.core.keystate import KeyState
     from millstream.model.codecs import CodecError
 
-    spec = MapState("m")
-    state = KeyState()
-    state.cell(spec).put("a", 0)
-    state.flush({"m": spec})
-    state = KeyState.loads(state.dumps())
+    state, spec = _reloaded_map("a", 0)
     cell = state.cell(spec)
     cell.get("y"), cell.get("z")  # the second lookup of a one-entry map builds the index
     cell.put("b", 1)
