@@ -1022,8 +1022,9 @@ class ContextMisuse(Computation):
 
 
 @pytest.mark.parametrize("action, arg, message", [
-    ("produce_at", 2**63, "record timestamp 9223372036854775808 is out of range"),
-    ("produce_at", "5", "record timestamp must be int milliseconds, got str '5'"),
+    ("produce_at", 2**63, r"produced record's timestamp is 9223372036854775808, outside \[-140737488355328, "),
+    ("produce_at", "5", r"produced record's timestamp is a str \('5'\); timestamps are int milliseconds"),
+    ("produce_at", True, r"produced record's timestamp is a bool \(True\)"),
     ("list_set", "abc", r"list state 'items': set\(\) takes a list of items, got str 'abc'"),
     ("list_set", None, r"list state 'items': set\(\) takes a list of items, got NoneType"),
     ("map_put", 1, "map state 'entries': a key must be hashable"),

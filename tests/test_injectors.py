@@ -515,7 +515,7 @@ def _through_harness(make_record) -> PipelineHarness:
 @pytest.mark.parametrize("make_record, message", [
     (lambda i: Record("k", i, str(i)), "injector 'gen' gave a record whose timestamp is a str"),
     (lambda i: Record("k", i, i + 0.5), "injector 'gen' gave a record whose timestamp is a float"),
-    (lambda i: Record("k", i, 2**63), "injector 'gen' gave a record at 9223372036854775808, outside"),
+    (lambda i: Record("k", i, 2**63), "injector 'gen' gave a record whose timestamp is 9223372036854775808, outside"),
     (lambda i: Record(7, i, i), "injector 'gen' gave a record whose key is a int"),
     (lambda i: {"key": "k", "value": i}, "injector '.*' gave a dict .* where a millstream.Record"),
 ])

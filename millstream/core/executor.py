@@ -45,7 +45,7 @@ from millstream.core.store import KeyStore, StoredKey
 from millstream.core.watermarks import Segment
 from millstream.model.codecs import CodecError
 from millstream.model.pipeline import DEAD_LETTERS, ErrorPolicy
-from millstream.model.records import BEGINNING_OF_TIME, END_OF_TIME, Record, TimeDomain, Timer
+from millstream.model.records import BEGINNING_OF_TIME, END_OF_TIME, Record, TimeDomain, Timer, timestamp_problem
 from millstream.model.state import StateSpec
 
 __all__ = ["ComputationError", "ComputationFailed", "Delivery", "KeyGroupExecutor", "Produced", "StepMetrics",
@@ -369,12 +369,9 @@ class _Invocation:
             raise ComputationError(
                 f"{self._plan.name}: produced record key must be str, got {type(record.key).__name__}"
             )
-        if isinstance(record.timestamp, bool) or not isinstance(record.timestamp, int):
-            raise ComputationError(f"{self._plan.name}: record timestamp must be int milliseconds, got "
-                                   f"{type(record.timestamp).__name__} {record.timestamp!r:.40}")
-        if not BEGINNING_OF_TIME <= record.timestamp <= END_OF_TIME:
-            raise ComputationError(f"{self._plan.name}: record timestamp {record.timestamp} is out of range "
-                                   f"[{BEGINNING_OF_TIME}, {END_OF_TIME}] (milliseconds since the epoch)")
+        problem = timestamp_problem(record.timestamp)
+        if problem is not None:
+            raise ComputationError(f"{self._plan.name}: a produced record's timestamp {problem}")
 
     def clear(self) -> None:
         self._state.clear()

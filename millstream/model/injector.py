@@ -26,7 +26,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Sequence
 
-from millstream.model.records import BEGINNING_OF_TIME, END_OF_TIME, Record
+from millstream.model.records import END_OF_TIME, Record, timestamp_problem
 
 Offset = dict[str, Any]
 
@@ -53,13 +53,9 @@ def check_injected(item: Any, injector: str) -> None:
     if not isinstance(item.key, str):
         raise InjectorError(f"injector {injector!r} gave a record whose key is a {type(item.key).__name__} "
                             f"({item.key!r:.40}); keys are str")
-    timestamp = item.timestamp
-    if isinstance(timestamp, bool) or not isinstance(timestamp, int):
-        raise InjectorError(f"injector {injector!r} gave a record whose timestamp is a {type(timestamp).__name__} "
-                            f"({timestamp!r:.40}); timestamps are int milliseconds since the epoch")
-    if not BEGINNING_OF_TIME <= timestamp <= END_OF_TIME:
-        raise InjectorError(f"injector {injector!r} gave a record at {timestamp}, outside [{BEGINNING_OF_TIME}, "
-                            f"{END_OF_TIME}] (int milliseconds since the epoch)")
+    problem = timestamp_problem(item.timestamp)
+    if problem is not None:
+        raise InjectorError(f"injector {injector!r} gave a record whose timestamp {problem}")
 
 
 @dataclass(frozen=True)

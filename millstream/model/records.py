@@ -18,6 +18,30 @@ BEGINNING_OF_TIME: int = -(2**47)
 END_OF_TIME: int = 2**47 - 1
 
 V = TypeVar("V")
+
+
+def timestamp_problem(timestamp: Any) -> str | None:
+    """What is wrong with `timestamp` as a record's timestamp, or None when nothing is: a timestamp is
+    an int number of milliseconds in [BEGINNING_OF_TIME, END_OF_TIME] (bool is refused: it is an int
+    to Python, never a time). The one statement of the rule; the per-record paths first test
+    `type(t) is int and BEGINNING_OF_TIME <= t <= END_OF_TIME`, which is stricter, and ask here only
+    when that fails, to explain.
+
+    >>> timestamp_problem(1_000) is None
+    True
+    >>> timestamp_problem("5")
+    "is a str ('5'); timestamps are int milliseconds since the epoch"
+    >>> timestamp_problem(2**50)
+    'is 1125899906842624, outside [-140737488355328, 140737488355327] (int milliseconds since the epoch)'
+    """
+    if isinstance(timestamp, bool) or not isinstance(timestamp, int):
+        return (f"is a {type(timestamp).__name__} ({timestamp!r:.40}); timestamps are int milliseconds "
+                "since the epoch")
+    if not BEGINNING_OF_TIME <= timestamp <= END_OF_TIME:
+        return (f"is {timestamp}, outside [{BEGINNING_OF_TIME}, {END_OF_TIME}] (int milliseconds since "
+                "the epoch)")
+    return None
+
 _UNDECODED: Any = object()
 
 
