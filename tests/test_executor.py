@@ -10,10 +10,12 @@ import random
 from collections import defaultdict
 
 import pytest
+import xxhash
 
 from millstream import (Computation, JsonCodec, ListState, MapState, PickleCodec, Pipeline, Record, ScriptedInjector,
                         StrCodec, TimeDomain, ValueState)
-from millstream.core.executor import ComputationError, ComputationFailed, Delivery, KeyGroupExecutor, inspect_key
+from millstream.core.executor import (ComputationError, ComputationFailed, Delivery, KeyGroupExecutor, inspect_key,
+                                      record_cause, timer_cause, timer_setter)
 from millstream.core.plan import plan_computation
 from millstream.core.store import MemoryKeyStore
 from millstream.core.watermarks import Segment
@@ -454,6 +456,34 @@ def test_production_ids_follow_documented_derivation():
     # Different cause or different producer -> different id.
     assert derive_record_id("emit", "r", "in", "cause-1", 0) != derive_record_id("emit", "r", "in", "cause-2", 0)
     assert derive_record_id("emit", "r", "in", "cause-1", 0) != derive_record_id("other", "r", "in", "cause-1", 0)
+
+
+class TimerChain(Computation):
+    """A record sets timer "first"; "first" sets "second" 5 ms later; "second" produces twice."""
+
+    def process_record(self, ctx, record):
+        ctx.set_timer("first", record.timestamp + 10)
+
+    def process_timer(self, ctx, timer):
+        if timer.tag == "first":
+            ctx.set_timer("second", timer.time + 5)
+        else:
+            ctx.produce(Record(ctx.key, "x", timer.time), "out")
+            ctx.produce(Record(ctx.key, "y", timer.time), "out")
+
+
+def test_timer_production_ids_follow_documented_derivation():
+    """A firing's productions derive their ids from its identity (key, tag, time, and its setter: the
+    record that set it, or the hash of the firing that set it), as stable as a record's: a replay
+    after a restart must give the same ids, whatever version of the executor runs it."""
+    ex = make_executor(TimerChain(), name="chain")
+    assert step(ex, [deliver("a", "v", 1, "cause-1")], 0, 0).productions == []
+    ids = [p.id for p in step(ex, [], 100, 0).productions]
+    first = timer_cause("a", "first", 11, record_cause("in", "cause-1"))
+    setter = timer_setter(first)
+    assert setter == xxhash.xxh3_64_hexdigest(f"t\x1fa\x1ffirst\x1f11\x1fr\x1fin\x1fcause-1".encode())
+    assert ids == [derive_record_id("chain", "t", "a", "second", 16, setter, 0),
+                   derive_record_id("chain", "t", "a", "second", 16, setter, 1)]
 
 
 def test_timer_production_ids_stay_unique_after_key_state_is_garbage_collected():
