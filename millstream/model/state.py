@@ -20,7 +20,7 @@ the key is touched again (Flink's StateTtlConfig with OnCreateAndWrite; Spark's 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Generic, Iterator, Protocol, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Generic, Iterator, Protocol, TypeVar, overload
 
 from millstream.model.codecs import DEFAULT_CODEC, Codec
 
@@ -45,14 +45,35 @@ def _check_declaration(name: Any, ttl_ms: int | None, **codecs: Any) -> None:
 class ValueState(Generic[T]):
     """One value per key; `get()` returns `default` until set.
 
+    Typed by what `get()` returns: `ValueState("count", default=0)` is a `ValueState[int]`, and one
+    without a default is a `ValueState[int | None]` (its `get()` is None until set): mypy types even
+    `ValueState[int]("count")` so, and refuses it where a `ValueState[int]` is declared.
+
     >>> ValueState[int]("count", default=0).default
     0
+    >>> ValueState[str | None]("last").default is None
+    True
     """
 
     name: str
     codec: Codec = DEFAULT_CODEC
-    default: T | None = None  # ValueState("count", default=0) is a ValueState[int]
+    default: Any = None
     ttl_ms: int | None = None
+
+    if TYPE_CHECKING:  # what mypy sees; the dataclass's own __init__ runs
+        @overload
+        def __init__(self: ValueState[T], name: str, codec: Codec = ..., *, default: T,
+                     ttl_ms: int | None = ...) -> None: ...
+
+        @overload
+        def __init__(self: ValueState[T], name: str, codec: Codec, default: T, ttl_ms: int | None = ...) -> None: ...
+
+        @overload
+        def __init__(self: ValueState[T | None], name: str, codec: Codec = ..., default: None = ...,
+                     ttl_ms: int | None = ...) -> None: ...
+
+        def __init__(self, name: str, codec: Codec = DEFAULT_CODEC, default: Any = None,
+                     ttl_ms: int | None = None) -> None: ...
 
     def __post_init__(self) -> None:
         _check_declaration(self.name, self.ttl_ms, codec=self.codec)

@@ -16,7 +16,8 @@ from millstream import (
 
 class Typed(Computation):
     count = ValueState("count", default=0)  # inferred from the default: ValueState[int]
-    last: ValueState[str] = ValueState("last")
+    last: ValueState[str | None] = ValueState("last")  # no default: get() is None until set
+    first = ValueState("first", default="")  # ValueState[str]
     seen: ListState[str] = ListState("seen")
     per_page: MapState[str, float] = MapState("per_page")
 
@@ -24,13 +25,15 @@ class Typed(Computation):
         count: int = ctx.state(self.count).get()
         ctx.state(self.count).set(count + 1)
         ctx.state(self.last).set(record.key)
+        previous: str | None = ctx.state(self.last).get()
+        name: str = ctx.state(self.first).get() or record.key
         names: list[str] = ctx.state(self.seen).get()
         ctx.state(self.seen).append(record.key)
         maybe: float | None = ctx.state(self.per_page).get("home")
         surely: float = ctx.state(self.per_page).get("home", 0.0) + 1  # with a default: no None
         entries: Iterator[tuple[str, float]] = ctx.state(self.per_page).items()
         clicks: int = record.value["clicks"]
-        del names, maybe, surely, entries, clicks
+        del names, maybe, surely, entries, clicks, previous, name
 
     def process_timer(self, ctx: Context, timer: Timer) -> None:
         due: int = timer.time

@@ -11,6 +11,9 @@ class Wrong(Computation):
     seen: ListState[str] = ListState("seen")
     per_page: MapState[str, float] = MapState("per_page")
     bad_default: ValueState[int] = ValueState("bad", default="zero")  # wrong
+    last: ValueState[str] = ValueState("last")  # wrong
+    claims = ValueState[int]("claims")  # no default: mypy makes it a ValueState[int | None]
+    maybe: ValueState[str | None] = ValueState("maybe")
 
     def process_record(self, ctx: Context, record: Record[dict[str, int]]) -> None:
         text: str = ctx.state(self.count).get()  # wrong
@@ -22,4 +25,6 @@ class Wrong(Computation):
         other: float = ctx.state(self.per_page).get("home", "none")  # wrong
         ctx.state(self.per_page).put(1, 2.0)  # wrong
         clicks: str = record.value["clicks"]  # wrong
-        del text, first, rate, clicks
+        name: str = ctx.state(self.maybe).get()  # wrong
+        number: int = ctx.state(self.claims).get()  # wrong
+        del text, first, rate, clicks, name, number
