@@ -56,6 +56,15 @@ class FailEvery(Computation):
         ctx.produce(Record(ctx.key, record.value, record.timestamp), "out")
 
 
+class TimersFailEvery(FailEvery):
+    """FailEvery whose records each also set a timer that stays pending (at END_OF_TIME): the key's
+    pending timers grow with its records, as a session window's or a deadline's do."""
+
+    def process_record(self, ctx, record):
+        ctx.set_timer(f"t{record.value}", END_OF_TIME)
+        super().process_record(ctx, record)
+
+
 def one_step(records: int, every: int, computation: Computation | None = None) -> dict:
     computation = computation or FailEvery(every)
     pipeline = Pipeline("failures").add_injector("src", ScriptedInjector("src", []), "in")
@@ -94,8 +103,22 @@ def main(quick: bool) -> dict:
     ratio = round(best["checkpoints"] / best["starting over"], 2)
     print(f"one early failure, a growing list of dicts and a timer per record: {best['checkpoints']:.2f} us CPU per record "
           f"with checkpoints, {best['starting over']:.2f} starting over ({ratio}x)")
+    # Every 10th record failing while the key's pending timers grow (a timer per record): the cost
+    # per record at 4x the records, against 1x (1.0: linear), best of three each.
+    sizes = (records // 2, records * 2)
+    pending: dict[int, list[float]] = {size: [] for size in sizes}
+    for _ in range(3):
+        for size in sizes:
+            pending[size].append(one_step(size, 10, TimersFailEvery(10))["cpu_us_per_record"])
+    per_record = {size: min(times) for size, times in pending.items()}
+    growth = round(per_record[sizes[1]] / per_record[sizes[0]], 2)
+    print(f"every 10th failing, a pending timer per record: {per_record[sizes[0]]:.2f} us CPU per record at "
+          f"{sizes[0]:,} records, {per_record[sizes[1]]:.2f} at {sizes[1]:,} "
+          f"({growth}x per record at 4x the records)")
     return {"records_of_the_key": records, "runs": runs,
-            "one_failure_growing_state_us_per_record": best, "checkpoints_vs_starting_over": ratio}
+            "one_failure_growing_state_us_per_record": best, "checkpoints_vs_starting_over": ratio,
+            "failing_every_10_pending_timers_us_per_record": {str(size): us for size, us in per_record.items()},
+            "failing_every_10_pending_timers_growth_at_4x": growth}
 
 
 if __name__ == "__main__":

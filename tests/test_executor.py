@@ -954,6 +954,40 @@ def _scripted_steps(seed: int, checkpoint_records: int, monkeypatch) -> list:
     return outcome
 
 
+class DeletesThenFails(Computation):
+    """Value "set": sets timers a and b; "delete and fail": deletes a, then fails; "noop": nothing."""
+
+    def process_record(self, ctx, record):
+        if record.value == "set":
+            ctx.set_timer("a", 1_000)
+            ctx.set_timer("b", 1_001)
+        elif record.value == "delete and fail":
+            ctx.delete_timer("a")
+            raise ValueError("after deleting a")
+
+
+@pytest.mark.parametrize("journal_from", [0, 4096])
+def test_a_rollback_after_deleting_a_pending_timer_stores_the_key_as_starting_over_does(journal_from, monkeypatch):
+    """The second failure of a step rolls back to a checkpoint, undoing a deleted pending timer: the
+    key's blob is byte for byte the one a step that starts over stores (the timers' order included),
+    with the timers' changes journaled (journal_from 0) or copied."""
+    from millstream.core import executor as executor_module
+    from millstream.core import keystate
+
+    monkeypatch.setattr(keystate, "JOURNAL_TIMERS_FROM", journal_from)
+
+    def stored(checkpoint_records: int) -> bytes:
+        monkeypatch.setattr(executor_module, "CHECKPOINT_RECORDS", checkpoint_records)
+        ex = make_executor(DeletesThenFails(), on_error="dead_letter")
+        step(ex, [deliver("k", "set", 1, "r0")], 0, 0)
+        result = step(ex, [deliver("k", "noop", 2, "r1"), deliver("k", "delete and fail", 3, "r2"),
+                           deliver("k", "delete and fail", 4, "r3"), deliver("k", "noop", 5, "r4")], 0, 0)
+        assert result.metrics.dead_letters == 2
+        return ex.store.load(["k"])["k"]
+
+    assert stored(16) == stored(0)
+
+
 def test_checkpoints_change_no_outcome_of_failing_steps(monkeypatch):
     from millstream.core import executor as executor_module
 
@@ -964,6 +998,12 @@ def test_checkpoints_change_no_outcome_of_failing_steps(monkeypatch):
     differing = [(seed, every) for seed in range(60) for every in (1, 3, 16)
                  if _scripted_steps(seed, 0, monkeypatch) != _scripted_steps(seed, every, monkeypatch)]
     assert not differing
+    # Nor whether the timers are copied or their changes journaled (keystate.JournaledTimers).
+    from millstream.core import keystate
+
+    monkeypatch.setattr(keystate, "JOURNAL_TIMERS_FROM", 0)
+    assert all(_scripted_steps(seed, 0, monkeypatch) == _scripted_steps(seed, 3, monkeypatch) for seed in range(60))
+    monkeypatch.setattr(keystate, "JOURNAL_TIMERS_FROM", 4096)
     # Where checkpoints fall changes nothing either: the copy's share of the time moves them.
     monkeypatch.setattr(executor_module, "CHECKPOINT_COPY_SHARE", 1e-6)
     assert all(_scripted_steps(seed, 0, monkeypatch) == _scripted_steps(seed, 1, monkeypatch) for seed in range(20))

@@ -23,6 +23,7 @@ from millstream import (
     ValueState,
 )
 from millstream.core.executor import ComputationFailed
+from millstream.core.keystate import JournaledTimers
 from millstream.testing import PipelineHarness
 
 
@@ -809,3 +810,47 @@ def test_a_failed_flush_leaves_no_stale_map_index():
 def test_a_state_declared_with_no_codec_or_name_is_refused_where_declared(declare, message):
     with pytest.raises(TypeError, match=message):
         declare()
+
+
+def test_journaled_timers_undo_to_the_mark_as_a_copy_taken_there_would():
+    """Random changes between marks, undone at random: the timers, in their order, as a plain copy
+    taken at the mark (what checkpoints took before the journal)."""
+    rng = random.Random(5)
+    for _ in range(300):
+        timers = JournaledTimers({f"t{n}": (n, False, "s", "") for n in range(rng.randrange(6))})
+        at_mark = dict(timers)
+        for _ in range(rng.randrange(1, 40)):
+            tag, fields = f"t{rng.randrange(8)}", (rng.randrange(100), False, "s", "")
+            op = rng.choice(["set", "set", "pop", "pop_default", "del", "setdefault", "update", "popitem",
+                             "clear", "mark", "undo"])
+            if op == "set":
+                timers[tag] = fields
+            elif op == "pop":
+                if tag in timers:
+                    timers.pop(tag)
+            elif op == "pop_default":
+                timers.pop(tag, None)
+            elif op == "del":
+                if tag in timers:
+                    del timers[tag]
+            elif op == "setdefault":
+                timers.setdefault(tag, fields)
+            elif op == "update":
+                timers.update({tag: fields})
+            elif op == "popitem":
+                if timers:
+                    timers.popitem()
+            elif op == "clear" and rng.random() < 0.2:
+                timers.clear()
+            elif op == "mark":
+                timers.mark()
+                at_mark = dict(timers)
+            elif op == "undo":
+                timers.undo()
+                assert list(timers.items()) == list(at_mark.items())
+        timers.undo()
+        assert list(timers.items()) == list(at_mark.items())
+    with pytest.raises(KeyError):
+        del JournaledTimers({})["absent"]
+    with pytest.raises(KeyError):
+        JournaledTimers({}).popitem()

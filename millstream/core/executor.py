@@ -210,6 +210,10 @@ class _Invocation:
         """Go on from position() as another context had it (a step restored to a checkpoint)."""
         self._order, self.set_at, self.timer_changes = order, dict(set_at), timer_changes
 
+    def follow_timers(self) -> None:
+        """Take the key's timers again from its state (KeyState.checkpoint may replace the dict)."""
+        self._timers = self._state.timers
+
     def _begin(self, cause: str, setter: str | None, stream: str | None, late: bool, low_watermark: int,
                segment: int, advanced: int, inputs: tuple[tuple[str, int, int], ...] = (),
                after: bool = False) -> None:
@@ -558,6 +562,7 @@ class _KeyStep:
             state = self.state.checkpoint()
         except NotPlainData:
             return None
+        self.ctx.follow_timers()  # the checkpoint may have put the timers in a journaled dict
         metrics = StepMetrics()
         metrics.add(self.metrics)
         return _Checkpoint(state, len(self.out), len(self.seen), metrics, *self.ctx.position())

@@ -37,6 +37,108 @@ class PendingTimer(NamedTuple):
     watermark: str = ""  # the watermark key it follows ("": the low watermark)
 
 
+# Pending timers from which checkpoints journal the timers' changes instead of copying them: a copy
+# costs a few ns per timer in C, a journaled change a Python call, so below this the copy is cheaper.
+JOURNAL_TIMERS_FROM = 4096
+
+
+class JournaledTimers(dict):  # type: ignore[type-arg]
+    """KeyState.timers in a step taking checkpoints once they hold JOURNAL_TIMERS_FROM timers or more:
+    going back to a checkpoint undoes the changes made since it, instead of each checkpoint copying
+    every pending timer (a key with many pending timers and frequent failures paid a copy of them all
+    per failure).
+
+    Each change logs the tag with its fields before (_ABSENT: a new tag). Undoing a set or an
+    overwrite keeps the dict's order; a timer present at the checkpoint and removed since would come
+    back at the end of it, so its first removal copies the dict (`snapshot`, with the log's length
+    then), and undo starts from that copy: the order, written into the key's blob, is the
+    checkpoint's either way. Setting timers, what most code does, copies nothing.
+
+    >>> timers = JournaledTimers({"a": (1, False, "s", ""), "b": (2, False, "s", "")})
+    >>> timers.mark()
+    >>> timers["c"] = (3, False, "s", "")
+    >>> _ = timers.pop("a")
+    >>> timers.undo()
+    >>> list(timers)
+    ['a', 'b']
+    """
+
+    __slots__ = ("journal", "added", "snapshot")
+
+    def __init__(self, timers: dict[str, tuple[int, bool, str, str]]) -> None:
+        super().__init__(timers)
+        self.journal: list[tuple[str, Any]] = []
+        self.added: set[str] = set()  # tags new since the mark
+        self.snapshot: tuple[dict[str, Any], int] | None = None
+
+    def __setitem__(self, tag: str, fields: tuple[int, bool, str, str]) -> None:
+        before = self.get(tag, _ABSENT)
+        if before is _ABSENT:
+            self.added.add(tag)
+        self.journal.append((tag, before))
+        dict.__setitem__(self, tag, fields)
+
+    def _removing(self, tag: str) -> None:
+        if tag not in self.added and self.snapshot is None:  # present at the mark: keep its place
+            self.snapshot = (dict(self), len(self.journal))
+        self.journal.append((tag, dict.__getitem__(self, tag)))
+
+    def __delitem__(self, tag: str) -> None:
+        if tag not in self:
+            raise KeyError(tag)
+        self._removing(tag)
+        dict.__delitem__(self, tag)
+
+    def pop(self, tag: str, *default: Any) -> Any:
+        if tag in self:
+            self._removing(tag)
+        return dict.pop(self, tag, *default)
+
+    def popitem(self) -> tuple[str, tuple[int, bool, str, str]]:
+        if not self:
+            raise KeyError("popitem(): dictionary is empty")
+        tag = next(reversed(self))
+        return tag, self.pop(tag)
+
+    def setdefault(self, tag: str, fields: Any = None) -> Any:
+        if tag not in self:
+            self[tag] = fields
+        return dict.__getitem__(self, tag)
+
+    def update(self, *args: Any, **changes: Any) -> None:
+        for tag, fields in dict(*args, **changes).items():
+            self[tag] = fields
+
+    def __ior__(self, other: Any) -> "JournaledTimers":  # type: ignore[override, misc]
+        self.update(other)
+        return self
+
+    def clear(self) -> None:
+        for tag in list(self):
+            self.pop(tag)
+
+    def mark(self) -> None:
+        """A checkpoint: undo() goes back to here."""
+        self.journal.clear()
+        self.added.clear()
+        self.snapshot = None
+
+    def undo(self) -> None:
+        """The timers as at the last mark(), in its order."""
+        journal = self.journal
+        if self.snapshot is not None:
+            copied, logged = self.snapshot
+            dict.clear(self)
+            dict.update(self, copied)
+            del journal[logged:]
+        for tag, fields in reversed(journal):
+            if fields is _ABSENT:
+                dict.pop(self, tag, None)
+            else:
+                dict.__setitem__(self, tag, fields)
+        self.mark()
+
+
 class KeyState:
     """One key's persisted data plus the values decoded during the current step."""
 
@@ -85,16 +187,26 @@ class KeyState:
         bool, None, bytes): a copy of anything else might not behave as the original (identity, a
         set's order)."""
         memo: dict[int, Any] = {}
-        return StateCheckpoint(dict(self.values), dict(self.written), dict(self.timers),
-                               {name: cell.copy(memo) for name, cell in self._live.items()})
+        cells = {name: cell.copy(memo) for name, cell in self._live.items()}  # first: it may raise
+        timers = self.timers
+        if type(timers) is JournaledTimers:
+            timers.mark()  # undone on restore, not copied
+        elif len(timers) >= JOURNAL_TIMERS_FROM:  # a new dict: whoever holds `timers` must take it again
+            timers = self.timers = JournaledTimers(timers)
+        else:
+            timers = dict(timers)
+        return StateCheckpoint(dict(self.values), dict(self.written), timers, cells)
 
     @classmethod
     def restored(cls, checkpoint: "StateCheckpoint") -> "KeyState":
-        """The key's state as at `checkpoint`, made of the checkpoint's own copies (it is spent: a
-        second use would see what the state did since); the cells of states first used since do not
-        exist, as in a run that never used them."""
+        """The key's state as at `checkpoint`, made of the checkpoint's own copies, the journaled
+        timers' changes since undone (it is spent: a second use would see what the state did since);
+        the cells of states first used since do not exist, as in a run that never used them."""
         state = cls.__new__(cls)
-        state.values, state.written, state.timers = checkpoint.values, checkpoint.written, checkpoint.timers
+        timers = checkpoint.timers
+        if type(timers) is JournaledTimers:
+            timers.undo()
+        state.values, state.written, state.timers = checkpoint.values, checkpoint.written, timers
         state._live = dict(checkpoint.cells)
         return state
 
@@ -231,7 +343,7 @@ class StateCheckpoint(NamedTuple):
 
     values: dict[str, Any]  # the persisted encodings, shared with the state (unchanged until a flush)
     written: dict[str, int]
-    timers: dict[str, tuple[int, bool, str, str]]
+    timers: dict[str, tuple[int, bool, str, str]]  # a copy, or the state's JournaledTimers (marked)
     cells: dict[str, Any]  # name -> a copy of the cell
 
 
