@@ -42,7 +42,7 @@ class PendingTimer(NamedTuple):
 JOURNAL_TIMERS_FROM = 4096
 
 
-class JournaledTimers(dict):  # type: ignore[type-arg]
+class JournaledTimers(dict[str, tuple[int, bool, str, str]]):
     """KeyState.timers in a step taking checkpoints once they hold JOURNAL_TIMERS_FROM timers or more:
     going back to a checkpoint undoes the changes made since it, instead of each checkpoint copying
     every pending timer (a key with many pending timers and frequent failures paid a copy of them all
