@@ -114,6 +114,28 @@ def test_sink_format_and_kind():
     assert base().add_sink("out", "events", "/tmp/x").sinks["out"].is_file_sink is True
 
 
+def test_two_sinks_writing_to_one_place_are_refused():
+    """Each sink replaces its own batches where it writes (files named by producer and batch, a
+    table's partitions, a JDBC table's rows): two sinks of one producer in one place overwrote each
+    other's, and a run kept about half of their records, exit code 0."""
+    two = base().add_computation("split", Noop(), ["events"], ["a", "b"])
+    p = two.add_sink("a_out", "a", "/tmp/shared")
+    for path, format in (("/tmp/shared/", "jsonl"), ("/tmp/x/../shared", "parquet"), ("/tmp/shared", "csv")):
+        with pytest.raises(PipelineError, match=r"sink 'b_out' would write to path '/tmp/shared', where sink "
+                                                r"'a_out' writes: each replaces its own batches there"):
+            p.add_sink("b_out", "b", path, format=format)
+    p.add_sink("b_out", "b", "/tmp/shared-b")  # a place of its own
+    p.add_sink("a_table", "a", table="events_a")
+    with pytest.raises(PipelineError, match=r"sink 'b_table' would write to table 'events_a', where sink 'a_table'"):
+        p.add_sink("b_table", "b", table="events_a")
+    db = {"url": "jdbc:derby:memory:x", "dbtable": "windows"}
+    p.add_sink("a_db", "a", format="jdbc", options=db)
+    with pytest.raises(PipelineError, match=r"sink 'b_db' would write to JDBC table 'windows' at"):
+        p.add_sink("b_db", "b", format="jdbc", options={"URL": db["url"], "dbTable": "windows"})
+    p.add_sink("a_writer", "a", writer=lambda frame, batch: None)
+    p.add_sink("b_writer", "b", writer=lambda frame, batch: None)  # the user's function decides
+
+
 def test_a_jdbc_sink_takes_a_url_and_a_table_and_no_path():
     """Spark's JDBC writer under a path, with overwrite, would replace the whole table each batch."""
     db = {"url": "jdbc:derby:memory:x", "dbtable": "windows"}

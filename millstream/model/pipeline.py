@@ -19,6 +19,7 @@ and Flink's side outputs):
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 from enum import Enum
@@ -114,6 +115,20 @@ class SinkNode:
     @property
     def is_file_sink(self) -> bool:
         return self.writer is None and self.table is None and self.format in FILE_SINK_FORMATS
+
+    @property
+    def destination(self) -> str | None:
+        """Where it writes, as a phrase, for sinks that overwrite their own batches there (None: a
+        user writer): two such sinks in one place would overwrite each other's."""
+        if self.path is not None:
+            path = self.path.rstrip("/") or "/"
+            return f"path {path if '://' in path else os.path.abspath(path)!r}"
+        if self.table is not None:
+            return f"table {self.table!r}"
+        if self.format == "jdbc":
+            given = {option.lower(): value for option, value in self.options.items()}
+            return f"JDBC table {given.get('dbtable')!r} at {given.get('url')!r}"
+        return None
 
     @property
     def is_jdbc(self) -> bool:
@@ -285,8 +300,13 @@ class Pipeline:
         if path is not None and (not isinstance(format, str) or not re.match(r"^[A-Za-z][\w.-]*$", format)):
             raise PipelineError(f"sink {name!r}: format must be a format name such as 'jsonl' or 'parquet', "
                                 f"got {format!r}")
-        self.sinks[name] = SinkNode(name, stream, None if path is None else str(path), format, writer, table,
-                                    dict(options or {}))
+        node = SinkNode(name, stream, None if path is None else str(path), format, writer, table, dict(options or {}))
+        for other in self.sinks.values():
+            if node.destination is not None and node.destination == other.destination:
+                raise PipelineError(f"sink {name!r} would write to {node.destination}, where sink {other.name!r} "
+                                    "writes: each replaces its own batches there, so they would overwrite each "
+                                    "other's (give each sink a place of its own)")
+        self.sinks[name] = node
         return self
 
     # -- queries used by runners -------------------------------------------------------------
