@@ -44,6 +44,8 @@ from millstream.model.pipeline import Pipeline, PipelineError
 from millstream.spark.rootfiles import LAYOUT_FILE
 
 PROG = "millstream"
+# The widest line `millstream status` writes to a pipe or a file (a table is as wide as its cells).
+STATUS_WIDTH_OFF_TERMINAL = 400
 _PROJECT_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")  # also a valid pipeline name
 # What `millstream new` writes: file in the project <- template in millstream/templates.
 STARTER_FILES = {"pipeline.py": "starter_pipeline.py.txt", "test_pipeline.py": "starter_test.py.txt",
@@ -140,6 +142,8 @@ def show_status(args: argparse.Namespace) -> int:
     if args.html:
         _write_html(args.html, render_html(view))
     console = Console()
+    if not console.is_terminal and "COLUMNS" not in os.environ:  # a pipe or a file: the table's own width,
+        console = Console(width=STATUS_WIDTH_OFF_TERMINAL)       # not rich's 80 columns, which cut every title
     if not args.watch:
         console.print(status_table(view))
         if args.html:

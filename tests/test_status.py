@@ -149,6 +149,27 @@ def test_status_command_prints_the_table_and_writes_the_page(tmp_path):
     assert (tmp_path / "page.html").read_text().startswith("<!DOCTYPE html>")
 
 
+def test_status_into_a_pipe_prints_whole_titles_and_cells(tmp_path):
+    """Out of a terminal, without COLUMNS (a pipe, a file, CI's log), rich drew the table in 80
+    columns and cut every title and many cells ("com…", "bat…")."""
+    import os
+    import subprocess
+    import sys
+
+    from clitools import ROOT_DIR
+
+    env = {name: value for name, value in os.environ.items() if name != "COLUMNS"}
+    env["PYTHONPATH"] = ROOT_DIR
+    done = subprocess.run([sys.executable, "-m", "millstream", "status", str(fake_root(tmp_path))], env=env,
+                          capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr
+    titles = next(line for line in done.stdout.splitlines() if "computation" in line)
+    for title in ("computation", "batches", "low watermark (UTC)", "backlog", "records", "timers", "idle inputs"):
+        assert title in titles, done.stdout
+    assert "…" not in done.stdout, done.stdout
+    assert max(map(len, done.stdout.splitlines())) < 200
+
+
 def test_status_refuses_what_is_not_a_root(tmp_path):
     assert_refused(run("millstream", "status", str(tmp_path / "missing")), "no such directory")
     assert_refused(run("millstream", "status", str(tmp_path)), "holds no millstream pipeline")
