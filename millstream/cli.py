@@ -18,6 +18,7 @@ import os
 import re
 import sys
 import time
+import traceback
 from importlib import resources
 from typing import Any, Sequence
 
@@ -131,6 +132,12 @@ def rescale_root(args: argparse.Namespace) -> int:
     return 0
 
 
+def _raised_at(error: BaseException) -> str:
+    """ " (file, line N)" of the innermost frame of `error` outside Python's import machinery."""
+    frames = [frame for frame in traceback.extract_tb(error.__traceback__) if not frame.filename.startswith("<frozen")]
+    return f" ({frames[-1].filename}, line {frames[-1].lineno})" if frames else ""
+
+
 # -- millstream status --------------------------------------------------------------------------------
 def show_status(args: argparse.Namespace) -> int:
     from rich.console import Console
@@ -226,12 +233,13 @@ def load_pipeline(target: str) -> Pipeline:
     except ModuleNotFoundError as error:
         if error.name and module_name.startswith(error.name):
             raise UsageError(f"cannot import {module_name!r}: no such module here ({os.getcwd()}) or installed") from None
-        raise UsageError(f"cannot import {module_name!r}: {type(error).__name__}: {error}") from None
+        raise UsageError(f"cannot import {module_name!r}: {type(error).__name__}: {error}{_raised_at(error)}") from None
     except SyntaxError as error:
         raise UsageError(f"cannot import {module_name!r}: SyntaxError: {error.msg} ({error.filename}, line "
                          f"{error.lineno})") from None
     except Exception as error:
-        raise UsageError(f"cannot import {module_name!r}: {type(error).__name__}: {error}") from None
+        raise UsageError(f"cannot import {module_name!r}: {type(error).__name__}: {error}"
+                         f"{_raised_at(error)}") from None
     value: Any = module
     for part in attribute.split("."):
         if not hasattr(value, part):

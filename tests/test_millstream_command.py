@@ -42,10 +42,18 @@ def test_run_refuses_what_is_not_a_pipeline(tmp_path) -> None:
     (tmp_path / "jobs.py").write_text("from millstream import Pipeline\nnot_a_pipeline = 42\n"
                                       "def build():\n    return None\n")
     (tmp_path / "broken.py").write_text("x = (\n")
+    (tmp_path / "raises.py").write_text("import json\n\n\ndef rate():\n    return 1 / 0\n\n\nr = rate()\n")
+    (tmp_path / "imports.py").write_text("import no_such_helper_module\n")
     cwd = str(tmp_path)
     # The real command once; the other refusals in process (same main, same output, no new interpreter).
     assert_refused(run("millstream", "run", "nosuch:pipeline", cwd=cwd), "cannot import 'nosuch'")
     assert_refused(call(millstream_main, "run", "broken:x", cwd=cwd), "SyntaxError")
+    # Code that fails as the module imports: where, in the user's file.
+    raises = str(tmp_path / "raises.py")
+    assert_refused(call(millstream_main, "run", "raises:r", cwd=cwd),
+                   f"cannot import 'raises': ZeroDivisionError: division by zero ({raises}, line 5)")
+    assert_refused(call(millstream_main, "run", "imports:p", cwd=cwd),
+                   f"No module named 'no_such_helper_module' ({tmp_path / 'imports.py'}, line 1)")
     assert_refused(call(millstream_main, "run", "jobs:missing", cwd=cwd), "has no attribute 'missing'")
     assert_refused(call(millstream_main, "run", "jobs:not_a_pipeline", cwd=cwd),
                    "is an int, not a millstream.Pipeline")
