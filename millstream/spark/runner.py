@@ -44,7 +44,7 @@ from millstream.spark.progress import ComputationProgress, PipelineProgress, rea
 from millstream.spark.publog import BATCH, CLAIM, Fenced, FencedWriter, PublicationLog
 from millstream.spark.retention import DEFAULT_RETAIN_LOGS_S, LogRetention
 from millstream.spark.rootfiles import LAYOUT_FILE, read_status_history, wake_file
-from millstream.spark.sinks import SinkDelivery, sink_deliverers
+from millstream.spark.sinks import SinkDelivery, SinkError, check_sink_formats, sink_deliverers
 from millstream.spark.session import cluster_parallelism
 from millstream.spark.source import LOG_SCHEMA, Sender, SourcePlan, source_for
 from millstream.spark.storage import Storage, check_no_credentials, is_local
@@ -215,6 +215,11 @@ class SparkRunner:
         self._started_ms = int(time.time() * 1000)
         self.claim()  # before Spark starts: a root in use is refused in a moment
         spark = self.spark
+        try:
+            check_sink_formats(spark, self.pipeline)
+        except SinkError as error:
+            self.lease.release()
+            raise MillstreamRunError(str(error)) from None
         self.sinks = SinkDelivery(self.root, sink_deliverers(spark, self.root, self.pipeline, set(self.commits)))
         self.publisher = Publisher(self.root, self.commits, self.sinks)
         self.publisher.catch_up()

@@ -246,6 +246,24 @@ class SinkError(RuntimeError):
     """A sink's target cannot take millstream's batches as it is (the message says why)."""
 
 
+def check_sink_formats(spark: Any, pipeline: Pipeline) -> None:
+    """Refuse, before any batch runs, a sink whose format Spark has no data source for (a typo, a
+    package not on the classpath): Spark itself would fail only at the first delivery, in a Py4J
+    error that does not name the format."""
+    for node in pipeline.sinks.values():
+        if node.path is None or node.is_file_sink or node.writer is not None:
+            continue
+        try:
+            spark._jvm.org.apache.spark.sql.execution.datasources.DataSource.lookupDataSource(
+                node.format, spark._jsparkSession.sessionState().conf())
+        except Exception as error:
+            if "DATA_SOURCE_NOT_FOUND" not in str(error) and "ClassNotFound" not in str(error):
+                raise
+            raise SinkError(f"sink {node.name!r}: Spark has no data source {node.format!r} (give 'jsonl' or "
+                            "'parquet' for millstream's file sinks, or a Spark format such as 'json', 'csv', "
+                            "'orc', 'text' or a package's on the classpath)") from None
+
+
 def deliver_jdbc(spark: Any, frame: Any, node: SinkNode, producer: str, batch: int) -> None:
     """Append the batch to the database table, first deleting what an earlier delivery of the same
     batch wrote (it may have died half-way). Readers can see a redelivered batch missing or partial

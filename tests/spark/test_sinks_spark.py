@@ -127,6 +127,24 @@ def test_a_jdbc_table_without_the_batch_columns_is_refused_in_one_line(spark, tm
     assert "table plain has no columns millstream_producer and millstream_batch" in str(failed.value)
 
 
+def test_a_sink_format_spark_does_not_know_is_refused_before_any_batch(spark, tmp_path):
+    """A format no data source answers to (a typo, a package not on the classpath) once failed only
+    at the first delivery, after Spark had run and committed a batch, as a bare Py4J error."""
+    from millstream.spark.runner import MillstreamRunError
+
+    injector = GeneratorInjector(lambda i: Record(f"k{i % KEYS}", i, 7 * i), 500, lambda n: 7 * n)
+    pipeline = (Pipeline("badformat").add_injector("src", injector, "in")
+                .add_computation("windower", BucketCounter(), ["in"], ["windows"])
+                .add_sink("sheet", "windows", str(tmp_path / "out"), format="xlsx"))
+    runner = SparkRunner(pipeline, root=str(tmp_path / "root"), spark=spark)
+    with pytest.raises(MillstreamRunError, match=r"sink 'sheet': Spark has no data source 'xlsx'"):
+        runner.run(timeout=300)
+    published = PublicationLog(str(tmp_path / "root"), "windower").entries_after(-1, 1 << 30)
+    assert not [entry for _, entry in published if entry["type"] == BATCH], "a batch ran"
+    holder = runner.lease.holder()
+    assert holder is None or holder.heartbeat_ms == 0  # released: the root is free for the fixed pipeline
+
+
 def test_a_table_delivery_replaces_only_its_own_batch_whatever_the_sessions_overwrite_mode(spark, tmp_path):
     """Sink threads deliver side by side in one session: one that set partitionOverwriteMode for its
     write and put it back could leave another's overwrite static, which empties the whole table.
