@@ -267,14 +267,17 @@ class Pipeline:
         - `path` with any other Spark format ("csv", "orc", "json", ...): Spark's writer, each batch
           into `path/producer=<p>/batch=<id>` (a re-delivery replaces it);
         - `table`: appended to a Spark table partitioned by `millstream_producer` and
-          `millstream_batch` (a re-delivery overwrites its own partition);
+          `millstream_batch` (a re-delivery overwrites its own partition), in the session's
+          warehouse (`spark.sql.warehouse.dir`; Spark's default, `./spark-warehouse`, follows the
+          directory the driver starts in);
         - format "jdbc" with `options` url= and dbtable= (and what else Spark's JDBC writer takes):
           appended to a database table with columns `millstream_producer` and `millstream_batch`
           (a re-delivery first deletes its own rows);
         - `writer`: your function, called as writer(dataframe, batch_id).
 
         The dataframe has columns key, timestamp, id, value (JSON text for JSON streams, bytes
-        otherwise) and producer.
+        otherwise) and producer. Each sink writes to a place of its own: a path, table or JDBC
+        table another sink writes to is refused.
 
         >>> from millstream import ScriptedInjector
         >>> p = Pipeline("p").add_injector("src", ScriptedInjector("src", []), "events")
