@@ -233,3 +233,24 @@ def test_pyspark_pandas_warning_is_not_shown() -> None:
         quiet_library_warnings()
         require_minimum_pandas_version()
     assert not [w for w in caught if issubclass(w.category, FutureWarning)]
+
+
+def test_a_spark_runner_in_a_users_script_hides_that_warning_alone(tmp_path) -> None:
+    """A user's own script running SparkRunner (not the CLI) printed PySpark's pandas-3 warning: at
+    transformWithState and at the commit's mapInArrow, some in Py4J's callback threads."""
+    from pyspark.sql.pandas.utils import require_minimum_pandas_version
+
+    import pandas
+
+    from millstream import Pipeline, ScriptedInjector
+    from millstream.spark.runner import SparkRunner
+
+    if int(pandas.__version__.split(".")[0]) < 3:
+        pytest.skip("pyspark warns only with pandas >= 3")
+    pipeline = Pipeline("p").add_injector("src", ScriptedInjector("src", []), "in")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        SparkRunner(pipeline, root=str(tmp_path / "root"))
+        require_minimum_pandas_version()
+        warnings.warn("a user's own", FutureWarning)
+    assert [str(w.message) for w in caught if issubclass(w.category, FutureWarning)] == ["a user's own"]

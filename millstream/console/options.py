@@ -201,4 +201,6 @@ def quiet_library_warnings() -> None:
     for module in (r"pyspark(\..*)?", r"pandas(\..*)?"):
         warnings.filterwarnings("ignore", category=FutureWarning, module=module)
         warnings.filterwarnings("ignore", category=DeprecationWarning, module=module)
-    warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas", category=FutureWarning)
+    from millstream.spark.session import PANDAS_3_WARNING
+
+    warnings.filterwarnings("ignore", message=PANDAS_3_WARNING, category=FutureWarning)

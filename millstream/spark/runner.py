@@ -45,7 +45,7 @@ from millstream.spark.publog import BATCH, CLAIM, Fenced, FencedWriter, Publicat
 from millstream.spark.retention import DEFAULT_RETAIN_LOGS_S, LogRetention
 from millstream.spark.rootfiles import LAYOUT_FILE, read_status_history, wake_file
 from millstream.spark.sinks import SinkDelivery, SinkError, check_sink_formats, sink_deliverers
-from millstream.spark.session import cluster_parallelism
+from millstream.spark.session import cluster_parallelism, hide_pandas_3_warning
 from millstream.spark.source import LOG_SCHEMA, Sender, SourcePlan, source_for
 from millstream.spark.storage import Storage, check_no_credentials, is_local
 from millstream.spark.writer import FileSink
@@ -101,6 +101,7 @@ class SparkRunner:
         retain_logs_s: float | None = DEFAULT_RETAIN_LOGS_S,
     ) -> None:
         pipeline.validate()
+        hide_pandas_3_warning()  # before anything of Spark's runs (DataFrame injectors stage from here)
         self._fused_into = _check_weak_productions(pipeline)
         check_runner_options(key_groups=key_groups, parallelism=parallelism, trigger_ms=trigger_ms,
                              max_records_per_batch=max_records_per_batch, retain_logs_s=retain_logs_s)

@@ -5,11 +5,24 @@ from __future__ import annotations
 import os
 import sys
 import time
+import warnings
 from typing import Any, Callable, Mapping, TypeVar
 
 import millstream
 
 T = TypeVar("T")
+
+# What PySpark warns under pandas 3 wherever it checks pandas' version (transformWithState, every
+# mapInArrow, some in Py4J's callback threads): millstream's tests run under pandas 3, and a user of
+# the runner cannot act on it.
+PANDAS_3_WARNING = "PySpark does not yet fully support pandas"
+
+
+def hide_pandas_3_warning() -> None:
+    """Leave PANDAS_3_WARNING out from now on: one filter for that message alone (added once:
+    warnings.filterwarnings replaces an equal filter)."""
+    warnings.filterwarnings("ignore", message=PANDAS_3_WARNING, category=FutureWarning)
+
 
 STATE_STORE_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
