@@ -233,7 +233,8 @@ def load_pipeline(target: str) -> Pipeline:
     except ModuleNotFoundError as error:
         if error.name and module_name.startswith(error.name):
             raise UsageError(f"cannot import {module_name!r}: no such module here ({os.getcwd()}) or installed") from None
-        raise UsageError(f"cannot import {module_name!r}: {type(error).__name__}: {error}{_raised_at(error)}") from None
+        raise UsageError(f"cannot import {module_name!r}: {type(error).__name__}: {error}"
+                         f"{_raised_at(error)}") from None
     except SyntaxError as error:
         raise UsageError(f"cannot import {module_name!r}: SyntaxError: {error.msg} ({error.filename}, line "
                          f"{error.lineno})") from None

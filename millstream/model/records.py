@@ -18,6 +18,7 @@ BEGINNING_OF_TIME: int = -(2**47)
 END_OF_TIME: int = 2**47 - 1
 
 V = TypeVar("V")
+_UNDECODED: Any = object()
 
 
 def timestamp_problem(timestamp: Any) -> str | None:
@@ -41,8 +42,6 @@ def timestamp_problem(timestamp: Any) -> str | None:
         return (f"is {timestamp}, outside [{BEGINNING_OF_TIME}, {END_OF_TIME}] (int milliseconds since "
                 "the epoch)")
     return None
-
-_UNDECODED: Any = object()
 
 
 class TimeDomain(str, enum.Enum):
