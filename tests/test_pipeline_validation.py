@@ -110,6 +110,13 @@ def test_sink_format_and_kind():
         base().add_sink("out", "events")
     with pytest.raises(PipelineError, match=r"sink 'out': writer must be callable"):
         base().add_sink("out", "events", writer="not callable")
+    # A writer that cannot take (dataframe, batch_id) failed only at the first delivery.
+    with pytest.raises(PipelineError, match=r"sink 'out': writer must take two arguments, writer\(dataframe, "
+                                            r"batch_id\); 'one' takes \(frame\)"):
+        def one(frame):
+            pass
+        base().add_sink("out", "events", writer=one)
+    base().add_sink("out", "events", writer=lambda frame, batch, *more, option=1: None)
     assert base().add_sink("out", "events", "/tmp/x", format="csv").sinks["out"].is_file_sink is False
     assert base().add_sink("out", "events", "/tmp/x").sinks["out"].is_file_sink is True
 

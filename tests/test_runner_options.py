@@ -60,3 +60,20 @@ def test_the_harness_refuses_key_groups_that_are_no_whole_number():
     for bad, error in ((0, ValueError), (2.5, TypeError)):
         with pytest.raises(error, match=f"key_groups must be a whole number >= 1, got {bad}"):
             PipelineHarness(pipeline(), key_groups=bad)
+
+
+def test_a_file_sink_directory_that_cannot_be_written_is_refused_before_spark_starts(tmp_path, monkeypatch):
+    """Found at the first delivery before, after a batch had run (exit 1, the sink's OSError)."""
+    from millstream.model.pipeline import PipelineError
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a_file").write_text("not a directory")
+    for path, problem in ((tmp_path / "a_file", "is a file, not a directory"),
+                          (tmp_path / "a_file" / "out", f"is under {tmp_path / 'a_file'}, which is a file"),
+                          ("/proc/millstream_out", "cannot create a directory in /proc")):
+        sunk = pipeline().add_sink("out", "out", str(path))
+        with pytest.raises(PipelineError, match=rf"sink 'out': {path}: {problem}".replace("(", r"\(")):
+            SparkRunner(sunk, root=str(tmp_path / "root"))
+    assert sorted(os.listdir(tmp_path)) == ["a_file"]
+    SparkRunner(pipeline().add_sink("out", "out", str(tmp_path / "new" / "out")), root=str(tmp_path / "root"))
+    assert not (tmp_path / "new").exists()  # checked, not made

@@ -11,7 +11,6 @@ import argparse
 import os
 import re
 import socket
-import tempfile
 import warnings
 from typing import NoReturn
 
@@ -114,24 +113,12 @@ def check_writable_directory(path: str, option: str) -> str:
     if _URL_SCHEME.match(path):
         raise UsageError(f"{option} {path}: a local directory is needed here (a remote root, such as s3://..., is "
                          "given to millstream.SparkRunner(root=...) in Python)")
-    absolute = os.path.abspath(os.path.expanduser(path))
-    existing = absolute
-    while not os.path.exists(existing):
-        existing = os.path.dirname(existing)
-    if not os.path.isdir(existing):
-        where = "is a file" if existing == absolute else f"is under {existing}, which is a file"
-        raise UsageError(f"{option} {path}: {where}, not a directory")
-    try:
-        probe = tempfile.mkdtemp(prefix=".millstream-probe-", dir=existing)
-    except OSError as error:
-        action = "cannot write in" if existing == absolute else "cannot create a directory in"
-        raise UsageError(f"{option} {path}: {action} {existing} ({_reason(error)})") from None
-    os.rmdir(probe)
+    from millstream.spark.options import directory_problem
+
+    absolute, problem = directory_problem(path)
+    if problem is not None:
+        raise UsageError(f"{option} {path}: {problem}")
     return absolute
-
-
-def _reason(error: OSError) -> str:
-    return error.strerror or str(error)
 
 
 _LOCAL = re.compile(r"^local(\[(\*|[1-9]\d*)(,[1-9]\d*)?\])?$")

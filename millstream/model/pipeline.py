@@ -19,6 +19,7 @@ and Flink's side outputs):
 
 from __future__ import annotations
 
+import inspect
 import os
 import re
 from dataclasses import dataclass, field
@@ -300,6 +301,15 @@ class Pipeline:
                                 "(or format='jdbc' with options url= and dbtable=)")
         if writer is not None and not callable(writer):
             raise PipelineError(f"sink {name!r}: writer must be callable as writer(dataframe, batch_id)")
+        if writer is not None:
+            try:
+                inspect.signature(writer).bind(None, None)
+            except TypeError:
+                taken = inspect.signature(writer)
+                raise PipelineError(f"sink {name!r}: writer must take two arguments, writer(dataframe, batch_id); "
+                                    f"{getattr(writer, '__name__', writer)!r} takes {taken}") from None
+            except ValueError:  # no signature to read (some builtins): left to the first delivery
+                pass
         if path is not None and (not isinstance(format, str) or not re.match(r"^[A-Za-z][\w.-]*$", format)):
             raise PipelineError(f"sink {name!r}: format must be a format name such as 'jsonl' or 'parquet', "
                                 f"got {format!r}")

@@ -37,7 +37,7 @@ from millstream.spark.feeds import Feeds
 from millstream.spark.fencing import Lease, RootInUse, driver_info
 from millstream.spark.layout import RootLayout
 from millstream.spark.operator import FUSED_SCHEMA, OUTPUT_SCHEMA, FusedProducerProcessor, KeyGroupProcessor
-from millstream.spark.options import check_root, check_runner_options
+from millstream.spark.options import check_root, check_runner_options, check_sink_directory
 from millstream.spark.pacing import BatchPacing
 from millstream.spark.partitioning import GroupLabels, alignment
 from millstream.spark.progress import ComputationProgress, PipelineProgress, read_progress
@@ -118,6 +118,8 @@ class SparkRunner:
         for sink in pipeline.sinks.values():
             if sink.path is not None:
                 check_no_credentials(sink.path, f"sink {sink.name!r} path")
+            if sink.is_file_sink and is_local(sink.path):  # type: ignore[arg-type]
+                check_sink_directory(sink.path, sink.name)  # type: ignore[arg-type]
         self.root = os.path.abspath(root) if is_local(root) else root
         self.storage = Storage(self.root)
         if checkpoint_root is None:
