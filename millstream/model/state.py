@@ -47,7 +47,9 @@ class ValueState(Generic[T]):
 
     Typed by what `get()` returns: `ValueState("count", default=0)` is a `ValueState[int]`, and one
     without a default is a `ValueState[int | None]` (its `get()` is None until set): mypy types even
-    `ValueState[int]("count")` so, and refuses it where a `ValueState[int]` is declared.
+    `ValueState[int]("count")` so, and refuses it where a `ValueState[int]` is declared. Declare one
+    without a default with its type, `last: ValueState[str | None] = ValueState("last")`: left
+    undeclared, mypy takes it for a `ValueState[None]` and refuses every `set()`.
 
     >>> ValueState[int]("count", default=0).default
     0

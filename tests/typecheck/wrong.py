@@ -14,6 +14,7 @@ class Wrong(Computation):
     last: ValueState[str] = ValueState("last")  # wrong
     claims = ValueState[int]("claims")  # no default: mypy makes it a ValueState[int | None]
     maybe: ValueState[str | None] = ValueState("maybe")
+    untyped = ValueState("untyped")  # no default, no declared type: a ValueState[None]
 
     def process_record(self, ctx: Context, record: Record[dict[str, int]]) -> None:
         text: str = ctx.state(self.count).get()  # wrong
@@ -27,4 +28,5 @@ class Wrong(Computation):
         clicks: str = record.value["clicks"]  # wrong
         name: str = ctx.state(self.maybe).get()  # wrong
         number: int = ctx.state(self.claims).get()  # wrong
+        ctx.state(self.untyped).set(record.key)  # wrong
         del text, first, rate, clicks, name, number
