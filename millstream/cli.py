@@ -17,6 +17,7 @@ import importlib
 import os
 import re
 import sys
+import sysconfig
 import time
 import traceback
 from importlib import resources
@@ -133,9 +134,16 @@ def rescale_root(args: argparse.Namespace) -> int:
 
 
 def _raised_at(error: BaseException) -> str:
-    """ " (file, line N)" of the innermost frame of `error` outside Python's import machinery."""
-    frames = [frame for frame in traceback.extract_tb(error.__traceback__) if not frame.filename.startswith("<frozen")]
-    return f" ({frames[-1].filename}, line {frames[-1].lineno})" if frames else ""
+    """ " (file, line N)" of the innermost frame of `error` in the user's own code: not Python's
+    import machinery, its standard library, installed packages or millstream (a mistake in a call
+    to millstream, or json.loads of a bad file, is the user's line that made it)."""
+    frames = [frame for frame in traceback.extract_tb(error.__traceback__) if not frame.filename.startswith("<")]
+    paths = sysconfig.get_paths()
+    library = tuple(os.path.join(os.path.abspath(path), "") for path in (
+        paths["stdlib"], paths["platstdlib"], paths["purelib"], paths["platlib"],
+        os.path.dirname(os.path.abspath(__file__))))
+    own = [frame for frame in frames if not os.path.abspath(frame.filename).startswith(library)] or frames
+    return f" ({own[-1].filename}, line {own[-1].lineno})" if own else ""
 
 
 # -- millstream status --------------------------------------------------------------------------------

@@ -44,6 +44,7 @@ def test_run_refuses_what_is_not_a_pipeline(tmp_path) -> None:
     (tmp_path / "broken.py").write_text("x = (\n")
     (tmp_path / "raises.py").write_text("import json\n\n\ndef rate():\n    return 1 / 0\n\n\nr = rate()\n")
     (tmp_path / "imports.py").write_text("import no_such_helper_module\n")
+    (tmp_path / "config.py").write_text("import json\n\nsettings = json.loads('{bad')\n")
     cwd = str(tmp_path)
     # The real command once; the other refusals in process (same main, same output, no new interpreter).
     assert_refused(run("millstream", "run", "nosuch:pipeline", cwd=cwd), "cannot import 'nosuch'")
@@ -54,6 +55,10 @@ def test_run_refuses_what_is_not_a_pipeline(tmp_path) -> None:
                    f"cannot import 'raises': ZeroDivisionError: division by zero ({raises}, line 5)")
     assert_refused(call(millstream_main, "run", "imports:p", cwd=cwd),
                    f"No module named 'no_such_helper_module' ({tmp_path / 'imports.py'}, line 1)")
+    # The user's line that called the library, not the library's line that raised.
+    assert_refused(call(millstream_main, "run", "config:p", cwd=cwd),
+                   f"JSONDecodeError: Expecting property name enclosed in double quotes: line 1 column 2 (char 1) "
+                   f"({tmp_path / 'config.py'}, line 3)")
     assert_refused(call(millstream_main, "run", "jobs:missing", cwd=cwd), "has no attribute 'missing'")
     assert_refused(call(millstream_main, "run", "jobs:not_a_pipeline", cwd=cwd),
                    "is an int, not a millstream.Pipeline")

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+import re
+
 import pytest
 
 from millstream.core.executor import ComputationFailed
@@ -117,30 +120,52 @@ def test_sink_format_and_kind():
             pass
         base().add_sink("out", "events", writer=one)
     base().add_sink("out", "events", writer=lambda frame, batch, *more, option=1: None)
+
+    def deliver(frame):
+        pass
+
+    @functools.wraps(deliver)
+    def adapter(frame, batch_id):  # takes what a writer takes, whatever it wraps
+        deliver(frame)
+
+    base().add_sink("out", "events", writer=adapter)
     assert base().add_sink("out", "events", "/tmp/x", format="csv").sinks["out"].is_file_sink is False
     assert base().add_sink("out", "events", "/tmp/x").sinks["out"].is_file_sink is True
 
 
-def test_two_sinks_writing_to_one_place_are_refused():
-    """Each sink replaces its own batches where it writes (files named by producer and batch, a
-    table's partitions, a JDBC table's rows): two sinks of one producer in one place overwrote each
-    other's, and a run kept about half of their records, exit code 0."""
-    two = base().add_computation("split", Noop(), ["events"], ["a", "b"])
-    p = two.add_sink("a_out", "a", "/tmp/shared")
-    for path, format in (("/tmp/shared/", "jsonl"), ("/tmp/x/../shared", "parquet"), ("/tmp/shared", "csv")):
-        with pytest.raises(PipelineError, match=r"sink 'b_out' would write to path '/tmp/shared', where sink "
-                                                r"'a_out' writes: each replaces its own batches there"):
-            p.add_sink("b_out", "b", path, format=format)
-    p.add_sink("b_out", "b", "/tmp/shared-b")  # a place of its own
-    p.add_sink("a_table", "a", table="events_a")
-    with pytest.raises(PipelineError, match=r"sink 'b_table' would write to table 'events_a', where sink 'a_table'"):
-        p.add_sink("b_table", "b", table="events_a")
-    db = {"url": "jdbc:derby:memory:x", "dbtable": "windows"}
-    p.add_sink("a_db", "a", format="jdbc", options=db)
-    with pytest.raises(PipelineError, match=r"sink 'b_db' would write to JDBC table 'windows' at"):
-        p.add_sink("b_db", "b", format="jdbc", options={"URL": db["url"], "dbTable": "windows"})
-    p.add_sink("a_writer", "a", writer=lambda frame, batch: None)
-    p.add_sink("b_writer", "b", writer=lambda frame, batch: None)  # the user's function decides
+def test_two_sinks_replacing_each_others_batches_are_refused():
+    """Each sink replaces its own (producer, batch) where it writes (files named by producer and
+    batch, a Spark writer's producer=/batch= directories, a table's partitions, a JDBC table's
+    rows): two sinks of one producer in one place overwrote each other's, and a run kept about
+    half of their records, exit code 0."""
+
+    def two(*sinks):
+        p = base().add_computation("split", Noop(), ["events"], ["a", "b"])
+        p.add_computation("other", Noop(), ["events"], ["c"])
+        for name, stream, kwargs in sinks:
+            p.add_sink(name, stream, **kwargs)
+        return p
+
+    collide = r"sinks 'one' and 'two' both write 'split'\'s batches to {}: each replaces its own batches there"
+    for first, second, where in (
+            ({"path": "/tmp/shared"}, {"path": "/tmp/shared/"}, "path '/tmp/shared'"),
+            ({"path": "/tmp/shared"}, {"path": "file:///tmp/x/../shared"}, "path '/tmp/shared'"),
+            ({"path": "s3a://bucket/out", "format": "csv"}, {"path": "s3://bucket/out/", "format": "csv"},
+             "path 's3://bucket/out'"),
+            ({"table": "events_a"}, {"table": "`Default`.EVENTS_A"}, "table 'events_a'"),
+            ({"format": "jdbc", "options": {"url": "jdbc:derby:memory:x", "dbtable": "windows"}},
+             {"format": "jdbc", "options": {"URL": "jdbc:derby:memory:x", "dbTable": "WINDOWS"}},
+             "JDBC table 'windows' at 'jdbc:derby:memory:x'")):
+        with pytest.raises(PipelineError, match=collide.format(re.escape(where))):
+            two(("one", "a", first), ("two", "b", second)).validate()
+    # Beside each other, nothing replaced: another producer, another format's files, a Spark writer's
+    # directories beside files, users' own writers.
+    two(("one", "a", {"path": "/tmp/shared"}), ("two", "c", {"path": "/tmp/shared"})).validate()
+    two(("one", "a", {"table": "t"}), ("two", "c", {"table": "t"})).validate()
+    two(("one", "a", {"path": "/tmp/shared"}), ("two", "b", {"path": "/tmp/shared", "format": "parquet"})).validate()
+    two(("one", "a", {"path": "/tmp/shared"}), ("two", "b", {"path": "/tmp/shared", "format": "csv"})).validate()
+    two(("one", "a", {"writer": lambda frame, batch: None}), ("two", "b", {"writer": lambda frame, batch: None})
+        ).validate()
 
 
 def test_a_jdbc_sink_takes_a_url_and_a_table_and_no_path():

@@ -75,5 +75,11 @@ def test_a_file_sink_directory_that_cannot_be_written_is_refused_before_spark_st
         with pytest.raises(PipelineError, match=rf"sink 'out': {path}: {problem}".replace("(", r"\(")):
             SparkRunner(sunk, root=str(tmp_path / "root"))
     assert sorted(os.listdir(tmp_path)) == ["a_file"]
+    # A file: URL is probed where it points, not under the working directory.
+    monkeypatch.chdir("/proc")
+    SparkRunner(pipeline().add_sink("out", "out", f"file://{tmp_path}/sunk"), root=str(tmp_path / "root"))
+    with pytest.raises(PipelineError, match=r"sink 'out': /proc/sunk: cannot create a directory in /proc"):
+        SparkRunner(pipeline().add_sink("out", "out", "file:///proc/sunk"), root=str(tmp_path / "root2"))
+    monkeypatch.chdir(tmp_path)
     SparkRunner(pipeline().add_sink("out", "out", str(tmp_path / "new" / "out")), root=str(tmp_path / "root"))
     assert not (tmp_path / "new").exists()  # checked, not made

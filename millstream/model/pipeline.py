@@ -29,6 +29,7 @@ from typing import Any, Callable, Mapping, Sequence
 from millstream.model.codecs import DEFAULT_CODEC, Codec
 from millstream.model.computation import Computation
 from millstream.model.injector import Injector
+from millstream.model.locations import place
 from millstream.model.records import Record
 
 KeyExtractor = Callable[[Record[Any]], str]
@@ -118,17 +119,24 @@ class SinkNode:
         return self.writer is None and self.table is None and self.format in FILE_SINK_FORMATS
 
     @property
-    def destination(self) -> str | None:
-        """Where it writes, as a phrase, for sinks that overwrite their own batches there (None: a
-        user writer): two such sinks in one place would overwrite each other's."""
+    def place(self) -> tuple[str, str] | None:
+        """Where it writes, as (what is there, a phrase naming it), for sinks that replace their own
+        (producer, batch) there; None for a user writer. Two sinks of one place and producer would
+        replace each other's batches. Files of another format sit beside each other (the format is
+        in their names), and a Spark writer's directories beside a file sink's files."""
         if self.path is not None:
-            path = self.path.rstrip("/") or "/"
-            return f"path {path if '://' in path else os.path.abspath(path)!r}"
-        if self.table is not None:
-            return f"table {self.table!r}"
+            kind = f"{self.format} files" if self.is_file_sink else "Spark writer directories"
+            return kind, f"path {place(self.path)!r}"
+        if self.table is not None:  # Spark's table names ignore case; the default database is implied
+            parts = [part.strip("`").lower() for part in self.table.split(".")]
+            if parts[0] == "spark_catalog":
+                parts = parts[1:]
+            if len(parts) == 2 and parts[0] == "default":
+                parts = parts[1:]
+            return "table rows", f"table {'.'.join(parts)!r}"
         if self.format == "jdbc":
             given = {option.lower(): value for option, value in self.options.items()}
-            return f"JDBC table {given.get('dbtable')!r} at {given.get('url')!r}"
+            return "JDBC rows", f"JDBC table {str(given.get('dbtable')).lower()!r} at {given.get('url')!r}"
         return None
 
     @property
@@ -277,8 +285,8 @@ class Pipeline:
         - `writer`: your function, called as writer(dataframe, batch_id).
 
         The dataframe has columns key, timestamp, id, value (JSON text for JSON streams, bytes
-        otherwise) and producer. Each sink writes to a place of its own: a path, table or JDBC
-        table another sink writes to is refused.
+        otherwise) and producer. Two sinks that would replace each other's batches (one place, one
+        producer: see SinkNode.place) are refused by `validate`.
 
         >>> from millstream import ScriptedInjector
         >>> p = Pipeline("p").add_injector("src", ScriptedInjector("src", []), "events")
@@ -302,10 +310,10 @@ class Pipeline:
         if writer is not None and not callable(writer):
             raise PipelineError(f"sink {name!r}: writer must be callable as writer(dataframe, batch_id)")
         if writer is not None:
-            try:
-                inspect.signature(writer).bind(None, None)
+            try:  # the writer's own signature: a functools.wraps adapter takes what its wrapper takes
+                inspect.signature(writer, follow_wrapped=False).bind(None, None)
             except TypeError:
-                taken = inspect.signature(writer)
+                taken = inspect.signature(writer, follow_wrapped=False)
                 raise PipelineError(f"sink {name!r}: writer must take two arguments, writer(dataframe, batch_id); "
                                     f"{getattr(writer, '__name__', writer)!r} takes {taken}") from None
             except ValueError:  # no signature to read (some builtins): left to the first delivery
@@ -313,13 +321,8 @@ class Pipeline:
         if path is not None and (not isinstance(format, str) or not re.match(r"^[A-Za-z][\w.-]*$", format)):
             raise PipelineError(f"sink {name!r}: format must be a format name such as 'jsonl' or 'parquet', "
                                 f"got {format!r}")
-        node = SinkNode(name, stream, None if path is None else str(path), format, writer, table, dict(options or {}))
-        for other in self.sinks.values():
-            if node.destination is not None and node.destination == other.destination:
-                raise PipelineError(f"sink {name!r} would write to {node.destination}, where sink {other.name!r} "
-                                    "writes: each replaces its own batches there, so they would overwrite each "
-                                    "other's (give each sink a place of its own)")
-        self.sinks[name] = node
+        self.sinks[name] = SinkNode(name, stream, None if path is None else str(path), format, writer, table,
+                                    dict(options or {}))
         return self
 
     # -- queries used by runners -------------------------------------------------------------
@@ -434,6 +437,18 @@ class Pipeline:
                     f"sink {sink.name!r} reads stream {sink.stream!r}, which an injector produces; sinks take "
                     "computations' outputs (add a pass-through computation)"
                 )
+        placed: dict[tuple[str, str, str], str] = {}  # (what, where, producer) -> the sink writing it
+        for sink in self.sinks.values():
+            if sink.place is None:
+                continue
+            what, where = sink.place
+            for producer in self.producers(sink.stream):
+                other = placed.setdefault((what, where, producer), sink.name)
+                if other != sink.name:
+                    raise PipelineError(
+                        f"sinks {other!r} and {sink.name!r} both write {producer!r}'s batches to {where}: each "
+                        "replaces its own batches there, so they would overwrite each other's (give each sink a "
+                        "place of its own)")
         for stream in self.codecs:
             if stream not in self.streams():
                 raise PipelineError(f"codec declared for stream {stream!r}, which no node uses")

@@ -28,6 +28,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from millstream.core.plan import DEFAULT_KEY_GROUPS, ComputationPlan, plan_computation
+from millstream.model.locations import is_local, local_path
 from millstream.model.pipeline import ErrorPolicy, Pipeline, PipelineError, Production
 from millstream.model.records import Record
 from millstream.spark import statestore
@@ -47,7 +48,7 @@ from millstream.spark.rootfiles import LAYOUT_FILE, read_status_history, wake_fi
 from millstream.spark.sinks import SinkDelivery, SinkError, check_sink_formats, sink_deliverers
 from millstream.spark.session import cluster_parallelism, hide_pandas_3_warning
 from millstream.spark.source import LOG_SCHEMA, Sender, SourcePlan, source_for
-from millstream.spark.storage import Storage, check_no_credentials, is_local
+from millstream.spark.storage import Storage, check_no_credentials
 from millstream.spark.writer import FileSink
 
 __all__ = ["BatchPacing", "ComputationProgress", "MillstreamRunError", "PipelineProgress", "RootInUse", "SparkRunner",
@@ -118,8 +119,8 @@ class SparkRunner:
         for sink in pipeline.sinks.values():
             if sink.path is not None:
                 check_no_credentials(sink.path, f"sink {sink.name!r} path")
-            if sink.is_file_sink and is_local(sink.path):  # type: ignore[arg-type]
-                check_sink_directory(sink.path, sink.name)  # type: ignore[arg-type]
+            if sink.path is not None and sink.is_file_sink and is_local(sink.path):
+                check_sink_directory(local_path(sink.path), sink.name)  # where Storage will write
         self.root = os.path.abspath(root) if is_local(root) else root
         self.storage = Storage(self.root)
         if checkpoint_root is None:
@@ -220,9 +221,11 @@ class SparkRunner:
         spark = self.spark
         try:
             check_sink_formats(spark, self.pipeline)
-        except SinkError as error:
-            self.lease.release()
-            raise MillstreamRunError(str(error)) from None
+        except BaseException as error:
+            self.lease.release()  # nothing ran: the root is free for the fixed pipeline
+            if isinstance(error, SinkError):
+                raise MillstreamRunError(str(error)) from None
+            raise
         self.sinks = SinkDelivery(self.root, sink_deliverers(spark, self.root, self.pipeline, set(self.commits)))
         self.publisher = Publisher(self.root, self.commits, self.sinks)
         self.publisher.catch_up()

@@ -247,9 +247,9 @@ class SinkError(RuntimeError):
 
 
 def check_sink_formats(spark: Any, pipeline: Pipeline) -> None:
-    """Refuse, before any batch runs, a sink whose format Spark has no data source for (a typo, a
-    package not on the classpath): Spark itself would fail only at the first delivery, in a Py4J
-    error that does not name the format."""
+    """Refuse, before any batch runs, a sink whose format Spark cannot write (no data source by that
+    name, or one not enabled: a typo, a package not on the classpath): Spark itself would fail only
+    at the first delivery, in a Py4J error that does not name the format."""
     for node in pipeline.sinks.values():
         if node.path is None or node.is_file_sink or node.writer is not None:
             continue
@@ -257,11 +257,19 @@ def check_sink_formats(spark: Any, pipeline: Pipeline) -> None:
             spark._jvm.org.apache.spark.sql.execution.datasources.DataSource.lookupDataSource(
                 node.format, spark._jsparkSession.sessionState().conf())
         except Exception as error:
-            if "DATA_SOURCE_NOT_FOUND" not in str(error) and "ClassNotFound" not in str(error):
-                raise
-            raise SinkError(f"sink {node.name!r}: Spark has no data source {node.format!r} (give 'jsonl' or "
-                            "'parquet' for millstream's file sinks, or a Spark format such as 'json', 'csv', "
-                            "'orc', 'text' or a package's on the classpath)") from None
+            raise SinkError(f"sink {node.name!r}: Spark cannot write format {node.format!r}: {_java_reason(error)} "
+                            "(millstream's own file sinks are 'jsonl' and 'parquet'; Spark's include 'json', "
+                            "'csv', 'orc' and 'text')") from None
+
+
+def _java_reason(error: BaseException) -> str:
+    """The Java exception's own message in a Py4J error ("[ERROR_CLASS] text"), else the first line."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    for line in lines:
+        found = re.match(r"^:?\s*[\w.$]+(?:Exception|Error): (.+)$", line)
+        if found:
+            return found.group(1)
+    return lines[0] if lines else type(error).__name__
 
 
 def deliver_jdbc(spark: Any, frame: Any, node: SinkNode, producer: str, batch: int) -> None:

@@ -33,6 +33,8 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from millstream.model.locations import is_local, local_path
+
 
 _JSON_READ_ATTEMPTS = 20
 
@@ -103,11 +105,6 @@ def check_no_credentials(location: str, what: str = "location") -> None:
             "logs and Spark's query plans")
 
 
-def is_local(location: str) -> bool:
-    scheme = urlsplit(location).scheme
-    return scheme in ("", "file") or len(scheme) == 1  # "C:\..." on Windows
-
-
 class CreateNotSupported(RuntimeError):
     """The location's filesystem cannot create a file only-if-absent atomically."""
 
@@ -119,8 +116,7 @@ class Storage:
         self.location = location
         if is_local(location):
             self.fs: pafs.FileSystem = pafs.LocalFileSystem()
-            local = urlsplit(location).path if location.startswith("file:") else location
-            self.base = os.path.abspath(local)
+            self.base = local_path(location)
             self.local = True
         else:
             check_no_credentials(location)

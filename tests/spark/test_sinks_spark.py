@@ -127,7 +127,11 @@ def test_a_jdbc_table_without_the_batch_columns_is_refused_in_one_line(spark, tm
     assert "table plain has no columns millstream_producer and millstream_batch" in str(failed.value)
 
 
-def test_a_sink_format_spark_does_not_know_is_refused_before_any_batch(spark, tmp_path):
+@pytest.mark.parametrize("format, reason", [
+    ("xlsx", r"\[DATA_SOURCE_NOT_FOUND\] Failed to find the data source: xlsx"),
+    ("avro", r"\[AVRO_DATA_SOURCE_NOT_ENABLED\]"),  # Spark's own, its package not on the classpath
+])
+def test_a_sink_format_spark_cannot_write_is_refused_before_any_batch(format, reason, spark, tmp_path):
     """A format no data source answers to (a typo, a package not on the classpath) once failed only
     at the first delivery, after Spark had run and committed a batch, as a bare Py4J error."""
     from millstream.spark.runner import MillstreamRunError
@@ -135,9 +139,9 @@ def test_a_sink_format_spark_does_not_know_is_refused_before_any_batch(spark, tm
     injector = GeneratorInjector(lambda i: Record(f"k{i % KEYS}", i, 7 * i), 500, lambda n: 7 * n)
     pipeline = (Pipeline("badformat").add_injector("src", injector, "in")
                 .add_computation("windower", BucketCounter(), ["in"], ["windows"])
-                .add_sink("sheet", "windows", str(tmp_path / "out"), format="xlsx"))
+                .add_sink("sheet", "windows", str(tmp_path / "out"), format=format))
     runner = SparkRunner(pipeline, root=str(tmp_path / "root"), spark=spark)
-    with pytest.raises(MillstreamRunError, match=r"sink 'sheet': Spark has no data source 'xlsx'"):
+    with pytest.raises(MillstreamRunError, match=rf"sink 'sheet': Spark cannot write format '{format}': {reason}"):
         runner.run(timeout=300)
     published = PublicationLog(str(tmp_path / "root"), "windower").entries_after(-1, 1 << 30)
     assert not [entry for _, entry in published if entry["type"] == BATCH], "a batch ran"

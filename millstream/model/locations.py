@@ -1,0 +1,47 @@
+"""Where a path or location given by the user points: one reading for every layer (the Spark
+runner's storage opens it, the pipeline compares sinks' places with it).
+
+A location is local when it has no scheme, a `file:` scheme, or a one-letter scheme (a Windows
+drive). A local one is the absolute path of its path part; `~` is not expanded (the shell does that
+for the command line; Python code gets what it gives). A remote one keeps its scheme, `s3a` and
+`s3n` read as `s3` (one bucket, however Hadoop names the connector).
+"""
+
+from __future__ import annotations
+
+import os
+from urllib.parse import urlsplit
+
+
+def is_local(location: str) -> bool:
+    """
+    >>> is_local("./out"), is_local("file:///tmp/out"), is_local("s3://bucket/out")
+    (True, True, False)
+    """
+    scheme = urlsplit(location).scheme
+    return scheme in ("", "file") or len(scheme) == 1
+
+
+def local_path(location: str) -> str:
+    """The absolute path a local location names.
+
+    >>> local_path("file:///tmp/out") == local_path("/tmp/out/") == "/tmp/out"
+    True
+    """
+    return os.path.abspath(urlsplit(location).path if location.startswith("file:") else location)
+
+
+def place(location: str) -> str:
+    """One spelling per place: two locations naming the same directory give the same text.
+
+    >>> place("file:/tmp/out") == place("/tmp/x/../out") == "/tmp/out"
+    True
+    >>> place("s3a://bucket/out/") == place("s3://bucket/out")
+    True
+    """
+    if is_local(location):
+        return local_path(location)
+    parts = urlsplit(location)
+    scheme = parts.scheme.lower()
+    scheme = "s3" if scheme in ("s3a", "s3n") else scheme
+    return f"{scheme}://{parts.netloc}{parts.path.rstrip('/')}"
