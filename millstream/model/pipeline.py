@@ -20,7 +20,6 @@ and Flink's side outputs):
 from __future__ import annotations
 
 import inspect
-import os
 import re
 from dataclasses import dataclass, field
 from enum import Enum
