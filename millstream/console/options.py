@@ -188,6 +188,6 @@ def quiet_library_warnings() -> None:
     for module in (r"pyspark(\..*)?", r"pandas(\..*)?"):
         warnings.filterwarnings("ignore", category=FutureWarning, module=module)
         warnings.filterwarnings("ignore", category=DeprecationWarning, module=module)
-    from millstream.spark.session import PANDAS_3_WARNING
+    from millstream.spark.session import hide_pandas_3_warning
 
-    warnings.filterwarnings("ignore", message=PANDAS_3_WARNING, category=FutureWarning)
+    hide_pandas_3_warning()

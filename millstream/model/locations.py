@@ -1,5 +1,5 @@
-"""Where a path or location given by the user points: one reading for every layer (the Spark
-runner's storage opens it, the pipeline compares sinks' places with it).
+"""Where a path, location or table name given by the user points: one reading for every layer (the
+Spark runner's storage opens it, the pipeline compares sinks' places with it).
 
 A location is local when it has no scheme, a `file:` scheme, or a one-letter scheme (a Windows
 drive). A local one is the absolute path of its path part; `~` is not expanded (the shell does that
@@ -45,3 +45,17 @@ def place(location: str) -> str:
     scheme = parts.scheme.lower()
     scheme = "s3" if scheme in ("s3a", "s3n") else scheme
     return f"{scheme}://{parts.netloc}{parts.path.rstrip('/')}"
+
+
+def table_place(table: str) -> str:
+    """One spelling per Spark table: names ignore case and quotes, the default database is implied.
+
+    >>> table_place("`Default`.EVENTS") == table_place("spark_catalog.default.events") == "events"
+    True
+    """
+    parts = [part.strip("`").lower() for part in table.split(".")]
+    if parts[0] == "spark_catalog":
+        parts = parts[1:]
+    if len(parts) == 2 and parts[0] == "default":
+        parts = parts[1:]
+    return ".".join(parts)

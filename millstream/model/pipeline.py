@@ -28,7 +28,7 @@ from typing import Any, Callable, Mapping, Sequence
 from millstream.model.codecs import DEFAULT_CODEC, Codec
 from millstream.model.computation import Computation
 from millstream.model.injector import Injector
-from millstream.model.locations import place
+from millstream.model.locations import place, table_place
 from millstream.model.records import Record
 
 KeyExtractor = Callable[[Record[Any]], str]
@@ -126,13 +126,8 @@ class SinkNode:
         if self.path is not None:
             kind = f"{self.format} files" if self.is_file_sink else "Spark writer directories"
             return kind, f"path {place(self.path)!r}"
-        if self.table is not None:  # Spark's table names ignore case; the default database is implied
-            parts = [part.strip("`").lower() for part in self.table.split(".")]
-            if parts[0] == "spark_catalog":
-                parts = parts[1:]
-            if len(parts) == 2 and parts[0] == "default":
-                parts = parts[1:]
-            return "table rows", f"table {'.'.join(parts)!r}"
+        if self.table is not None:
+            return "table rows", f"table {table_place(self.table)!r}"
         if self.format == "jdbc":
             given = {option.lower(): value for option, value in self.options.items()}
             return "JDBC rows", f"JDBC table {str(given.get('dbtable')).lower()!r} at {given.get('url')!r}"
@@ -438,9 +433,10 @@ class Pipeline:
                 )
         placed: dict[tuple[str, str, str], str] = {}  # (what, where, producer) -> the sink writing it
         for sink in self.sinks.values():
-            if sink.place is None:
+            found = sink.place
+            if found is None:
                 continue
-            what, where = sink.place
+            what, where = found
             for producer in self.producers(sink.stream):
                 other = placed.setdefault((what, where, producer), sink.name)
                 if other != sink.name:

@@ -31,6 +31,7 @@ import uuid
 from typing import Any, Callable
 
 from millstream.model.codecs import JsonCodec
+from millstream.model.locations import table_place
 from millstream.model.pipeline import Pipeline, SinkNode
 from millstream.spark import faults
 from millstream.spark.publog import BATCH, PublicationLog
@@ -198,7 +199,7 @@ _TABLE_LOCKS_GUARD = threading.Lock()
 def _table_lock(table: str) -> threading.Lock:
     """The lock of a table for this process's deliveries (two sinks may name one table)."""
     with _TABLE_LOCKS_GUARD:
-        return _TABLE_LOCKS.setdefault(table.lower(), threading.Lock())
+        return _TABLE_LOCKS.setdefault(table_place(table), threading.Lock())
 
 
 def _clear_dead_writes(spark: Any, table: str) -> None:
