@@ -23,6 +23,7 @@ batch on stored state) take ~4 minutes for the core, the runs two at a time; --q
 
 from __future__ import annotations
 
+import gc
 import os
 import re
 import shutil
@@ -62,6 +63,11 @@ def _child(run: str, records: int) -> None:
     from bench import core
 
     runners = {"core": core.run_core, "user_code_alone": core.run_user_code_alone, "plain": core.run_plain}
+    # The imports' objects out of the collector's reach: whether a full collection falls in the timed
+    # part then depends on the run alone, not on how many objects the imported modules happen to make
+    # (one such collection is a third of the plain run's count at a few thousand records).
+    gc.collect()
+    gc.freeze()
     runners[run](KEYS, records, BATCH, CallgrindToggle())
 
 
