@@ -42,7 +42,7 @@ from millstream.core.production import Produced, ProductionRow, as_produced, ord
 from millstream.core.keystate import KeyState, NotPlainData, StateCheckpoint, decoded_value
 from millstream.core.plan import ComputationPlan, InputPlan, KeyExtractionError
 from millstream.core.store import KeyStore, StoredKey
-from millstream.core.watermarks import Segment
+from millstream.core.watermarks import Segment, earliest_holds
 from millstream.model.codecs import CodecError
 from millstream.model.pipeline import DEAD_LETTERS, ErrorPolicy
 from millstream.model.records import BEGINNING_OF_TIME, END_OF_TIME, Record, TimeDomain, Timer, timestamp_problem
@@ -120,6 +120,9 @@ class StepResult:
     rows: list[ProductionRow]  # the step's productions, in the order made, as rows
     wake_wall: int | None  # earliest wall-time timer still pending in the key group
     metrics: StepMetrics = field(default_factory=StepMetrics)
+    # Per input point, the earliest time a pending timer of the key group holds the output watermark
+    # at once the point is processed (None: nothing held there); None if nothing was held at all.
+    holds: list[int | None] | None = None
 
     @property
     def productions(self) -> list[Produced]:
@@ -154,6 +157,7 @@ class _Checkpoint(NamedTuple):
     order: int  # _Invocation._order: the position of the key's next production
     set_at: dict[str, int]
     timer_changes: int
+    hold_changes: list[tuple[int, int | None]]
 
 
 class _StateFlushFailed(Exception):
@@ -166,7 +170,7 @@ class _Invocation:
     __slots__ = ("_plan", "_state", "_key", "_low_watermark", "_wall_time", "_late", "_stream",
                  "_cause", "_setter", "_produced", "_out", "_segment", "_handles", "_order", "_advanced",
                  "_inputs", "_after", "_by_spec", "_name", "_codecs", "_segments", "_last_spec", "_last_handle",
-                 "_timers", "timer_changes", "set_at")
+                 "_timers", "timer_changes", "set_at", "_holds", "hold_changes")
 
     def __init__(self, plan: ComputationPlan, state: KeyState, key: str, wall_time: int, out: list[ProductionRow],
                  segments: Sequence[Segment] = ()) -> None:
@@ -180,6 +184,10 @@ class _Invocation:
         # tag -> the input point a timer was set in, for timers set this step after the first point:
         # such a timer does not fire at an earlier point (see _KeyStep.timer_point).
         self.set_at: dict[str, int] = {}
+        self._holds = state.holds  # tag -> the time a pending timer holds the output watermark at
+        # (input point, the key's earliest hold after it) at each change of the key's holds, in the
+        # order of the points: _KeyStep.holds_by_point.
+        self.hold_changes: list[tuple[int, int | None]] = []
         self._key = key
         self._wall_time = wall_time
         self._out = out
@@ -202,13 +210,21 @@ class _Invocation:
         self._name = plan.name
         self._codecs = plan.output_codecs
 
-    def position(self) -> tuple[int, dict[str, int], int]:
-        """(the key's next production's order, set_at, timer_changes): what rewind() takes back."""
-        return self._order, dict(self.set_at), self.timer_changes
+    def position(self) -> tuple[int, dict[str, int], int, list[tuple[int, int | None]]]:
+        """(the key's next production's order, set_at, timer_changes, hold_changes): what rewind()
+        takes back."""
+        return self._order, dict(self.set_at), self.timer_changes, list(self.hold_changes)
 
-    def rewind(self, order: int, set_at: dict[str, int], timer_changes: int) -> None:
+    def rewind(self, order: int, set_at: dict[str, int], timer_changes: int,
+               hold_changes: list[tuple[int, int | None]]) -> None:
         """Go on from position() as another context had it (a step restored to a checkpoint)."""
         self._order, self.set_at, self.timer_changes = order, dict(set_at), timer_changes
+        self.hold_changes = list(hold_changes)
+
+    def held(self, point: int) -> None:
+        """Note that the key's holds changed at input point `point`."""
+        holds = self._holds
+        self.hold_changes.append((point, min(holds.values()) if holds else None))
 
     def follow_timers(self) -> None:
         """Take the key's timers again from its state (KeyState.checkpoint may replace the dict)."""
@@ -290,7 +306,7 @@ class _Invocation:
         return handle
 
     def set_timer(self, tag: str, time: int, domain: TimeDomain = TimeDomain.LOW_WATERMARK,
-                  watermark: str | None = None) -> None:
+                  watermark: str | None = None, hold: int | None = None) -> None:
         if type(tag) is not str or type(time) is not int or not -END_OF_TIME <= time <= END_OF_TIME:
             self._bad_timer(tag, time)
         if domain is _LOW_WATERMARK:  # a module constant: an enum member's attribute lookup costs more
@@ -303,11 +319,18 @@ class _Invocation:
             raise ComputationError(f"{self._plan.name}: timer {tag!r} domain must be a TimeDomain, got {domain!r}")
         if watermark is not None:
             self._check_watermark_key(tag, watermark, wall)
+        if hold is not None and (type(hold) is not int or not -END_OF_TIME <= hold <= END_OF_TIME):
+            self._bad_hold(tag, hold)
         setter = self._setter
         if setter is None:  # a timer firing sets a timer: its identity, hashed to stay bounded
             setter = self._setter = timer_setter(self._cause)
         self._timers[tag] = (time, wall, setter, watermark or "")
         self.timer_changes += 1
+        if hold is not None:
+            self._holds[tag] = hold
+            self.held(self._segment)
+        elif self._holds and self._holds.pop(tag, None) is not None:  # set again without a hold: released
+            self.held(self._segment)
         if self._segment:  # in the first point there is no earlier one to keep it from (and points
             self.set_at[tag] = self._segment  # only move forward: nothing is set at 0 after a later one)
 
@@ -330,11 +353,20 @@ class _Invocation:
         if not -END_OF_TIME <= time <= END_OF_TIME:
             raise ComputationError(f"{self._plan.name}: timer {tag!r} time {time} is out of range")
 
+    def _bad_hold(self, tag: str, hold: Any) -> None:
+        if isinstance(hold, bool) or not isinstance(hold, int):
+            raise ComputationError(
+                f"{self._plan.name}: timer {tag!r} hold must be int milliseconds (a record timestamp), "
+                f"got {type(hold).__name__}")
+        raise ComputationError(f"{self._plan.name}: timer {tag!r} hold {hold} is out of range")
+
     def delete_timer(self, tag: str) -> None:
         if type(tag) is not str:
             self._bad_timer(tag, 0)
         if self._timers.pop(tag, None) is not None:
             self.timer_changes += 1
+            if self._holds and self._holds.pop(tag, None) is not None:
+                self.held(self._segment)
 
     def produce(self, record: Record[Any], stream: str) -> None:
         codec = self._codecs.get(stream)
@@ -378,8 +410,11 @@ class _Invocation:
             raise ComputationError(f"{self._plan.name}: a produced record's timestamp {problem}")
 
     def clear(self) -> None:
+        held = bool(self._holds)
         self._state.clear()
         self.timer_changes += 1
+        if held:
+            self.held(self._segment)
 
     def _wrote(self, spec: StateSpec) -> None:
         # Counted from the watermark once this input point is processed: a value written in the very
@@ -433,6 +468,7 @@ class _KeyStep:
         self.keyed_after = executor.keyed_after
         self.firings = 0
         self.timers_before = len(self.state.timers)
+        self.hold_before = self.state.hold() if self.state.holds else None
         # Timers that failed in an earlier run, met in this one (fire() adds only where skip_timers holds any).
         self.timers_skipped: list[tuple[str, int, str]] = [] if skip_timers else _NO_TIMERS_MET
 
@@ -574,7 +610,7 @@ class _KeyStep:
         state = self.state = KeyState.restored(checkpoint.state)
         ctx = self.ctx = _Invocation(self.plan, state, self.key, self.wall_time, self.out, self.segments)
         state.report_writes_to(ctx._wrote)
-        ctx.rewind(checkpoint.order, checkpoint.set_at, checkpoint.timer_changes)
+        ctx.rewind(checkpoint.order, checkpoint.set_at, checkpoint.timer_changes, checkpoint.hold_changes)
         del self.out[checkpoint.productions:]
         seen = self.seen
         while len(seen) > checkpoint.seen:  # ids are only added in a step: the newest go
@@ -613,6 +649,7 @@ class _KeyStep:
         keyed_at = self.keyed_after[boundary]  # keyed timers fire by these
         wall_time = self.wall_time if wall else -END_OF_TIME - 1
         key, flush_each = self.key, self.flush_each
+        holds = state.holds
         # What every firing shares (_begin, inlined: this is the per-timer hot path); the fields of
         # the input point a firing belongs to are set when the point changes.
         ctx._stream, ctx._late, ctx._after = None, False, True
@@ -642,6 +679,8 @@ class _KeyStep:
                     timer = timers.pop(tag)
                     time, wall_timer, setter, _ = timer
                     point = boundary if single else self.point_of(tag, timer, boundary)
+                    if holds and holds.pop(tag, None) is not None:  # fired: its hold is released
+                        ctx.held(point)
                     if skip and (tag, time, setter) in skip:
                         skipped += 1
                         self.timers_skipped.append((tag, time, setter))
@@ -685,7 +724,22 @@ class _KeyStep:
         if state.is_empty():
             return None
         lw, wall, keyed = state.wake_times(self.plan.ttls)
-        return StoredKey(state.dumps(), lw, wall, tuple(sorted(keyed.items())))
+        return StoredKey(state.dumps(), lw, wall, tuple(sorted(keyed.items())),
+                         state.hold() if state.holds else None)
+
+    def holds_by_point(self) -> list[int | None] | None:
+        """The key's earliest hold after each input point of the step (None: it holds nothing
+        there), or None if it held nothing in the step at all."""
+        changes = self.ctx.hold_changes
+        if self.hold_before is None and not changes:
+            return None
+        current, i, by_point = self.hold_before, 0, []
+        for j in range(len(self.segments)):
+            while i < len(changes) and changes[i][0] <= j:
+                current = changes[i][1]
+                i += 1
+            by_point.append(current)
+        return by_point
 
 
 class KeyGroupExecutor:
@@ -731,19 +785,25 @@ class KeyGroupExecutor:
         changes: dict[str, StoredKey | None] = {}
         seen: dict[str, dict[str, int]] = {}
         seen_bytes = 0  # of the new dedup ids: key, id and an 8-byte mark each
+        holds: list[int | None] | None = None
         for key in keys:
             step = self._key_step(key, by_key.get(key, ()), blobs.get(key), segments, wall_time, out, metrics)
             changes[key] = step.stored()
+            if step.hold_before is not None or step.ctx.hold_changes:
+                holds = earliest_holds(holds, step.holds_by_point())
             step.metrics.pending_timers = len(step.state.timers) - step.timers_before
             if step.seen:
                 ids = seen[key] = step.seen
                 seen_bytes += len(ids) * (len(key) + 8) + sum(map(len, ids))
             out.extend(step.out)
             metrics.add(step.metrics)
+        untouched = self.store.min_hold(changes)  # the keys the step did not run hold as before
+        if untouched is not None:
+            holds = earliest_holds(holds, [untouched] * len(segments))
         self.store.save(changes, seen, last, self.plan.dedup_horizon_ms)
         metrics.productions = len(out)
         metrics.state_bytes = sum(len(k) + len(s.blob) for k, s in changes.items() if s is not None) + seen_bytes
-        return StepResult(out, self.store.next_wall_time(), metrics)
+        return StepResult(out, self.store.next_wall_time(), metrics, holds)
 
     def _key_step(self, key: str, items: Sequence[Delivery], blob: bytes | None,
                   segments: Sequence[Segment], wall_time: int, out: list[ProductionRow],

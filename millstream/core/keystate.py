@@ -142,7 +142,7 @@ class JournaledTimers(dict[str, tuple[int, bool, str, str]]):
 class KeyState:
     """One key's persisted data plus the values decoded during the current step."""
 
-    __slots__ = ("values", "written", "timers", "_live")
+    __slots__ = ("values", "written", "timers", "holds", "_live")
 
     def __init__(self) -> None:
         self.values: dict[str, Any] = {}  # state name -> bytes | list[bytes] | dict[bytes, bytes]
@@ -150,12 +150,18 @@ class KeyState:
         # tag -> a PendingTimer's fields. The executor sets timers in it directly (it is the per-record
         # path) and keeps the step's own timer bookkeeping: changes while firing, input points.
         self.timers: dict[str, tuple[int, bool, str, str]] = {}
+        # tag -> the time a pending timer holds the computation's output watermark at (its `hold`);
+        # apart from the timers, so keys that hold nothing store and copy nothing more.
+        self.holds: dict[str, int] = {}
         self._live: dict[str, Any] = {}  # state name -> cell decoded this step
 
     # -- persistence ---------------------------------------------------------------------------
     def dumps(self) -> bytes:
         # Timers as parallel lists of tags and their tuples.
         timers = self.timers
+        if self.holds:
+            return pickle.dumps((self.values, self.written, list(timers), list(timers.values()), self.holds),
+                                protocol=5)
         return pickle.dumps((self.values, self.written, list(timers), list(timers.values())), protocol=5)
 
     @classmethod
@@ -165,9 +171,14 @@ class KeyState:
             state = cls.__new__(cls)
             state.values, state.written, tags, timers = loaded
             state.timers = dict(zip(tags, timers))
+            state.holds = {}
             state._live = {}
             return state
         state = cls()
+        if len(loaded) == 5:  # a key whose timers hold the watermark
+            state.values, state.written, tags, timers, state.holds = loaded
+            state.timers = dict(zip(tags, timers))
+            return state
         # Blobs written before timers were stored as parallel lists: a dict of timers.
         state.values, state.written, by_tag = loaded
         for tag, fields in by_tag.items():
@@ -195,7 +206,7 @@ class KeyState:
             timers = self.timers = JournaledTimers(timers)
         else:
             timers = dict(timers)
-        return StateCheckpoint(dict(self.values), dict(self.written), timers, cells)
+        return StateCheckpoint(dict(self.values), dict(self.written), timers, cells, dict(self.holds))
 
     @classmethod
     def restored(cls, checkpoint: "StateCheckpoint") -> "KeyState":
@@ -207,6 +218,7 @@ class KeyState:
         if type(timers) is JournaledTimers:
             timers.undo()
         state.values, state.written, state.timers = checkpoint.values, checkpoint.written, timers
+        state.holds = checkpoint.holds
         state._live = dict(checkpoint.cells)
         return state
 
@@ -243,6 +255,7 @@ class KeyState:
         self.values.clear()
         self.written.clear()
         self.timers.clear()
+        self.holds.clear()
         for cell in self._live.values():
             cell.clear()
 
@@ -325,6 +338,11 @@ class KeyState:
             if low_watermark > mark + ttls[name]:
                 self.drop(name)
 
+    def hold(self) -> int | None:
+        """The earliest time the key's pending timers hold the output watermark at, if any."""
+        holds = self.holds
+        return min(holds.values()) if holds else None
+
     def user_timers(self) -> list[Timer]:
         return sorted(Timer(time, tag, TimeDomain.WALL_TIME if wall else TimeDomain.LOW_WATERMARK, watermark or None)
                       for tag, (time, wall, _, watermark) in self.timers.items())
@@ -345,6 +363,7 @@ class StateCheckpoint(NamedTuple):
     written: dict[str, int]
     timers: dict[str, tuple[int, bool, str, str]]  # a copy, or the state's JournaledTimers (marked)
     cells: dict[str, Any]  # name -> a copy of the cell
+    holds: dict[str, int]  # a copy
 
 
 # Plain data nested deeper than this is not copied (NotPlainData: the step starts over instead).

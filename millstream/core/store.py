@@ -2,7 +2,9 @@
 
 A store keeps, per key, its KeyState blob and its wake-up times (the next low-watermark time, the
 next wall time and, per watermark key, the next keyed-watermark time at which the key has work), and
-answers "which keys are due" without reading every key; and the key group's dedup index (dedup.py).
+answers "which keys are due" without reading every key; the earliest hold its keys' timers put on the
+output watermark (watermarks.py), without reading every key either; and the key group's dedup index
+(dedup.py).
 The harness uses `MemoryKeyStore`; the Spark runner a store whose truth is Spark's state store.
 """
 
@@ -10,7 +12,7 @@ from __future__ import annotations
 
 import heapq
 from functools import partial
-from typing import Callable, Container, Iterable, Iterator, Mapping, NamedTuple, Protocol
+from typing import Any, Callable, Container, Iterable, Iterator, Mapping, NamedTuple, Protocol
 
 from millstream.core.dedup import DedupIndex, SeenIds
 
@@ -20,6 +22,13 @@ class StoredKey(NamedTuple):
     wake_lw: int | None  # low-watermark time of the key's next work (timer, expiry), if any
     wake_wall: int | None  # wall time of its next wall-time timer, if any
     wake_keyed: tuple[tuple[str, int], ...] = ()  # (watermark key, time) of its next timer on each keyed watermark
+    hold: int | None = None  # the earliest hold of its pending timers on the output watermark, if any
+
+    @classmethod
+    def of(cls, fields: tuple[Any, ...]) -> "StoredKey":
+        """A StoredKey from its fields as a plain tuple (as stores persist it; without `hold` if
+        written before holds existed)."""
+        return tuple.__new__(cls, fields) if len(fields) == 5 else cls(*fields)
 
 
 class KeyStore(Protocol):
@@ -48,6 +57,10 @@ class KeyStore(Protocol):
         """The earliest wall wake-up over all keys."""
         ...
 
+    def min_hold(self, excluding: Container[str] = ()) -> int | None:
+        """The earliest hold over the stored keys but those in `excluding`, if any holds."""
+        ...
+
 
 class MemoryKeyStore:
     """A KeyStore in memory: blobs in a dict, wake-ups in heaps (stale heap entries are skipped)."""
@@ -58,6 +71,7 @@ class MemoryKeyStore:
         self._lw: list[tuple[int, str]] = []
         self._wall: list[tuple[int, str]] = []
         self._keyed: dict[str, list[tuple[int, str]]] = {}  # watermark key -> its wake-up heap
+        self._holds: list[tuple[int, str]] = []  # (hold, key): stale entries skipped, as the wake-ups'
 
     def load(self, keys: Iterable[str]) -> dict[str, bytes]:
         blobs = self.blobs
@@ -111,6 +125,8 @@ class MemoryKeyStore:
             if stored.wake_keyed and (old is None or old.wake_keyed != stored.wake_keyed):
                 for watermark_key, time in stored.wake_keyed:
                     heapq.heappush(self._keyed.setdefault(watermark_key, []), (time, key))
+            if stored.hold is not None and (old is None or old.hold != stored.hold):
+                heapq.heappush(self._holds, (stored.hold, key))
         # Stale entries (a wake-up moved on before it came due) leave only when due: past twice the
         # keys, each heap is rebuilt from the live wake-ups, so it stays in proportion to the keys.
         limit = 2 * len(blobs) + _HEAP_SLACK
@@ -119,6 +135,8 @@ class MemoryKeyStore:
         if len(self._wall) > limit:
             self._wall = _heap((stored.wake_wall, key) for key, stored in blobs.items()
                                if stored.wake_wall is not None)
+        if len(self._holds) > limit:
+            self._holds = _heap((stored.hold, key) for key, stored in blobs.items() if stored.hold is not None)
         for watermark_key, heap in self._keyed.items():
             if len(heap) > limit:
                 self._keyed[watermark_key] = _heap((time, key) for key, stored in blobs.items()
@@ -133,6 +151,24 @@ class MemoryKeyStore:
                 return time
             heapq.heappop(heap)
         return None
+
+    def min_hold(self, excluding: Container[str] = ()) -> int | None:
+        heap, blobs = self._holds, self.blobs
+        passed_over = []
+        found = None
+        while heap:
+            hold, key = heap[0]
+            stored = blobs.get(key)
+            if stored is None or stored.hold != hold:  # stale: the key moved its hold or is gone
+                heapq.heappop(heap)
+            elif key in excluding:
+                passed_over.append(heapq.heappop(heap))
+            else:
+                found = hold
+                break
+        for entry in passed_over:
+            heapq.heappush(heap, entry)
+        return found
 
     def keys(self) -> Iterator[str]:
         return iter(sorted(self.blobs))

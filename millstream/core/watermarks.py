@@ -24,7 +24,15 @@ Terms
 - *output watermark* of a computation (MillWheel's low watermark of A): min(input watermark, oldest
   pending work of A). A computation publishes after an input point only once every record of it is
   processed and every timer it made due has fired, so its oldest pending work is never older than its
-  input watermark there: the output watermark after input point j is the input watermark after it.
+  input watermark there: the output watermark after input point j is the input watermark after it,
+  unless a hold keeps it back.
+- *hold*: a pending timer may hold the output watermark at a time (`ctx.set_timer(..., hold=t)`, as
+  Beam's timer output timestamps): it is pending work stamped t, for records that user code keeps in
+  state and produces when the timer fires (Photon's dispatcher retrying a click's join). Until the
+  timer fires or is deleted or set again without it, the output watermark does not pass t, so what the
+  firing produces at t or after is on time downstream. The *hold after point j* is the earliest hold
+  of any key of the computation once point j is processed (`earliest_holds` folds keys and key groups).
+  The output watermark never goes back: a hold behind what was already published keeps it where it is.
 
 Coalescing rules (as Hazelcast's WatermarkCoalescer):
 1. A sender's watermark is monotonic; publishing a lower value is a bug in that sender and raises.
@@ -279,16 +287,46 @@ def output_keyed_watermarks(previous_output: dict[str, int], segments: Sequence[
     return published
 
 
-def output_watermarks(previous_output: int, segments: Sequence[Segment]) -> list[int]:
+def output_watermarks(previous_output: int, segments: Sequence[Segment],
+                      holds: Sequence[int | None] | None = None) -> list[int]:
     """The computation's output watermark after each input point of a step (see the module doc):
-    the input watermark there, never below what it published before.
+    the input watermark there, or the hold after it if earlier, never below what it published before.
 
     >>> output_watermarks(5, [Segment(5, 7), Segment(7, 7), Segment(7, 20)])
     [7, 7, 20]
+
+    A timer holds at 12 from the second point until the third releases it; a hold at 3, behind what
+    was published, keeps the watermark where it is:
+
+    >>> output_watermarks(5, [Segment(5, 10), Segment(10, 15), Segment(15, 20)], [None, 12, None])
+    [10, 12, 20]
+    >>> output_watermarks(5, [Segment(5, 10)], [3])
+    [5]
     """
     published = []
     current = previous_output
-    for segment in segments:
-        current = max(current, segment.advanced_to)
+    for j, segment in enumerate(segments):
+        allowed = segment.advanced_to
+        if holds is not None:
+            hold = holds[j]
+            if hold is not None and hold < allowed:
+                allowed = hold
+        current = max(current, allowed)
         published.append(current)
     return published
+
+
+def earliest_holds(holds: list[int | None] | None, more: Sequence[int | None] | None) -> list[int | None] | None:
+    """Per input point, the earlier of two holds (None: no hold there; None for the whole: no hold
+    at any point): how the executor folds its keys' holds and a runner its key groups'.
+
+    >>> earliest_holds([None, 12, None], [15, 15, None])
+    [15, 12, None]
+    >>> earliest_holds(None, [7]), earliest_holds([7], None)
+    ([7], [7])
+    """
+    if more is None:
+        return holds
+    if holds is None:
+        return list(more)
+    return [b if a is None else a if b is None or a <= b else b for a, b in zip(holds, more)]

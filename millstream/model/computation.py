@@ -78,10 +78,14 @@ class Context(Protocol):
         ...
 
     def set_timer(self, tag: str, time: int, domain: TimeDomain = TimeDomain.LOW_WATERMARK,
-                  watermark: str | None = None) -> None:
+                  watermark: str | None = None, hold: int | None = None) -> None:
         """Set (or move) the key's timer `tag`. A low-watermark timer at or behind the current low
         watermark fires in the same step, after the key's records of the current input point.
-        `watermark`: a watermark key; the timer then fires once that keyed watermark reaches `time`."""
+        `watermark`: a watermark key; the timer then fires once that keyed watermark reaches `time`.
+        `hold`: a record timestamp; while the timer is pending, the computation's output low
+        watermark does not pass it, so records stamped `hold` or later that its firing produces are
+        not late downstream (for records kept in state and produced later, as on a retry). Setting
+        the timer again without `hold` releases it; so do firing and deleting it."""
         ...
 
     def delete_timer(self, tag: str) -> None:

@@ -36,7 +36,6 @@ import time
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any, Callable, Container, Iterable, Mapping
 
 from millstream.core import flatpickle
@@ -168,7 +167,7 @@ class _Cache:
         return self.live_bytes + _DEDUP_ENTRY_BYTES * len(self.keys.dedup)
 
 
-_as_stored_key = partial(tuple.__new__, StoredKey)
+_as_stored_key = StoredKey.of
 
 
 def _chunk_blob(keys: dict[str, StoredKey | None], seen: SeenIds, parent: str | None) -> bytes:
@@ -288,6 +287,9 @@ class SparkKeyStore:
 
     def next_wall_time(self) -> int | None:
         return self.cache.keys.next_wall_time()
+
+    def min_hold(self, excluding: Container[str] = ()) -> int | None:
+        return self.cache.keys.min_hold(excluding)
 
     def seen_ids(self, key: str) -> Container[str]:
         return self.cache.keys.seen_ids(key)

@@ -26,8 +26,8 @@ from millstream.core.production import Produced, output_order
 from millstream.core.executor import Delivery, KeyGroupExecutor, StepMetrics, inspect_key, key_or_dead_letter
 from millstream.core.plan import ComputationPlan, check_whole, key_group, plan_computation, sender_name
 from millstream.core.store import MemoryKeyStore
-from millstream.core.watermarks import (Segment, WatermarkCoalescer, output_keyed_watermarks, output_watermarks,
-                                        published_keyed, too_far_ahead)
+from millstream.core.watermarks import (Segment, WatermarkCoalescer, earliest_holds, output_keyed_watermarks,
+                                        output_watermarks, published_keyed, too_far_ahead)
 from millstream.model.codecs import Codec, CodecError
 from millstream.model.injector import Malformed, Offset, check_injected
 from millstream.model.pipeline import DEAD_LETTERS, ErrorPolicy, Pipeline, PipelineError
@@ -317,12 +317,14 @@ class PipelineHarness:
         for delivery in deliveries:
             by_group.setdefault(key_group(delivery.key, plan.key_groups), []).append(delivery)
         produced: list[Produced] = []
+        holds: list[int | None] | None = None
         for group, executor in enumerate(run.executors):
             result = executor.step(by_group.get(group, []), segments, self.wall_time,
                                    rejected if group == 0 else ())
             run.metrics.add(result.metrics)
             produced.extend(result.productions)
-        published = output_watermarks(run.output_watermark, segments)
+            holds = earliest_holds(holds, result.holds)
+        published = output_watermarks(run.output_watermark, segments, holds)
         published_keyed = output_keyed_watermarks(run.output_keyed, segments)
         run.output_watermark, run.output_keyed = published[-1], published_keyed[-1]
         run.watermark_history.append(run.output_watermark)
