@@ -26,7 +26,7 @@ def operator_rows(productions: list[Produced], groups: int, per_bundle: int) -> 
             counters = {("productions_count" if m == "productions" else m): 1 for m in METRICS}
             rows.append({"key_group": group, "productions": pack_production_columns(chunk) if chunk else None,
                          "computation": "win", **counters, "wake_wall": None, "bytes_written": 0,
-                         "upstream_reports": None})
+                         "upstream_reports": None, "holds": None})
     return pa.RecordBatch.from_pylist(rows)
 
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from millstream.core.plan import ComputationPlan
-from millstream.core.watermarks import output_keyed_watermarks, output_watermarks
+from millstream.core.watermarks import earliest_holds, output_keyed_watermarks, output_watermarks
 from millstream.model.records import BEGINNING_OF_TIME
 from millstream.spark import faults
 from millstream.spark.fencing import Lease
@@ -106,7 +106,8 @@ def empty_status() -> dict[str, Any]:
 
 
 def next_status(previous: dict[str, Any], reports: list[dict[str, Any]], batch: int, end: dict[str, Any],
-                output: list[int], keyed_output: list[dict[str, int]] | None = None) -> dict[str, Any]:
+                output: list[int], keyed_output: list[dict[str, int]] | None = None,
+                hold: int | None = None) -> dict[str, Any]:
     """A computation's status after a batch: cumulative counters, watermarks, the next wall timer."""
     metrics = dict(previous["metrics"])
     for report in reports:
@@ -117,6 +118,7 @@ def next_status(previous: dict[str, Any], reports: list[dict[str, Any]], batch: 
         "batch": batch,
         "low_watermark": output[-1] if output else previous["low_watermark"],
         "input_watermark": end["watermark"],
+        "hold": hold,  # the earliest hold of the computation's pending timers after the batch, if any
         # Published keyed watermarks (watermark key -> value), and the coalesced keyed input ones.
         "keyed_watermarks": keyed_output[-1] if keyed_output else previous.get("keyed_watermarks", {}),
         "keyed_input_watermarks": end.get("keyed", {}),
@@ -184,10 +186,14 @@ class BatchStager:
         segments = batch_segments(end)
         for member in (*commit.fused, plan):  # a fused computation's output points are its consumer's input
             previous = self.status_before(member.name, batch_id)
-            output = output_watermarks(previous["low_watermark"], segments)
-            keyed_output = output_keyed_watermarks(previous.get("keyed_watermarks", {}), segments)
             mine = [r for r in reports if r["computation"] == member.name]
-            statuses[member.name] = next_status(previous, mine, batch_id, end, output, keyed_output)
+            holds: list[int | None] | None = None
+            for report in mine:  # every key group reports every batch (the heartbeat): all holds are here
+                holds = earliest_holds(holds, report.get("holds"))
+            output = output_watermarks(previous["low_watermark"], segments, holds)
+            keyed_output = output_keyed_watermarks(previous.get("keyed_watermarks", {}), segments)
+            statuses[member.name] = next_status(previous, mine, batch_id, end, output, keyed_output,
+                                                holds[-1] if holds else None)
         status = statuses[plan.name]
         for files in streams.values():
             files.sort()

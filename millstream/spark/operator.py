@@ -54,7 +54,8 @@ METRICS = ("records", "duplicates", "late", "timers_fired", "productions", "dead
            "pending_timers")
 OUTPUT_SCHEMA = ("key_group int, productions binary, computation string, records long, duplicates long, "
                  "late long, timers_fired long, productions_count long, dead_letters long, state_bytes long, "
-                 "pending_timers long, wake_wall long, bytes_written long, upstream_reports binary")
+                 "pending_timers long, wake_wall long, bytes_written long, upstream_reports binary, "
+                 "holds array<long>")
 # A fused (weak) computation's output: its consumer's input rows, plus its own counters.
 FUSED_SCHEMA = "key_group int, bundle binary, rejected binary, plan binary, reports binary"
 
@@ -81,7 +82,7 @@ def group_report(plan: ComputationPlan, group: int, result: StepResult, bytes_wr
             "late": m.late, "timers_fired": m.timers_fired, "productions": m.productions,
             "dead_letters": m.dead_letters, "state_bytes": m.state_bytes, "pending_timers": m.pending_timers,
             "wake_wall": result.wake_wall,
-            "bytes_written": bytes_written}
+            "bytes_written": bytes_written, "holds": result.holds}
 
 
 def output_rows(plan: ComputationPlan, group: int, result: StepResult, bytes_written: int,
@@ -99,7 +100,7 @@ def output_rows(plan: ComputationPlan, group: int, result: StepResult, bytes_wri
                   dead_letters=metrics.dead_letters if first else 0, state_bytes=metrics.state_bytes if first else 0,
                   pending_timers=metrics.pending_timers if first else 0,
                   wake_wall=result.wake_wall if first else None, bytes_written=bytes_written if first else 0,
-                  upstream_reports=upstream_reports if first else None)
+                  upstream_reports=upstream_reports if first else None, holds=result.holds if first else None)
         first = False
 
 
@@ -190,6 +191,14 @@ class FusedProducerProcessor(StatefulProcessor):
     def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:
         group = self.labels.group(key[0])
         result, bytes_written, batch, _ = self.step.run(group, rows)
+        if result.holds is not None:
+            # B's input points carry A's input watermarks unchanged (the module doc): a hold of A's
+            # would not reach B, whose consumers would then see A's held records late.
+            message = (f"computation {self.plan.name!r} holds its output watermark (a timer set with hold=), "
+                       f"but its productions are weak, fused into {self.consumer.name!r}'s query, which "
+                       "holds nothing back: give it strong productions (the default) to use holds")
+            report_failure(self.root, self.plan.name, message)
+            raise ComputationFailed(message)
         plan_blob = batch.dumps()
         by_group: dict[tuple[int, str], list[FeedItem]] = {}  # by the consumer's key group and the stream
         passthrough: list[Produced] = []

@@ -34,7 +34,7 @@ _ARROW_SCHEMA = pa.schema([
     ("sink_files", pa.list_(pa.struct([("sink", pa.string()), ("path", pa.string()), ("rows", pa.int64())]))),
     ("reports", pa.list_(pa.struct([
         ("computation", pa.string()), ("key_group", pa.int32()), *[(m, pa.int64()) for m in METRICS],
-        ("wake_wall", pa.int64()), ("bytes_written", pa.int64())]))),
+        ("wake_wall", pa.int64()), ("bytes_written", pa.int64()), ("holds", pa.list_(pa.int64()))]))),
 ])
 # The same schema for Spark, as a StructType: a DDL string would be parsed in the JVM on every batch's
 # mapInArrow, a round trip on the driver's path between batches.
@@ -144,7 +144,7 @@ def _report(row: Mapping[str, Any]) -> dict[str, Any]:
             "duplicates": row["duplicates"], "late": row["late"], "timers_fired": row["timers_fired"],
             "productions": row["productions_count"], "dead_letters": row["dead_letters"],
             "state_bytes": row["state_bytes"], "pending_timers": row["pending_timers"],
-            "wake_wall": row["wake_wall"], "bytes_written": row["bytes_written"]}
+            "wake_wall": row["wake_wall"], "bytes_written": row["bytes_written"], "holds": row["holds"]}
 
 
 def sink_file(table: pa.Table, fmt: str, codec: Codec) -> bytes:
