@@ -376,12 +376,15 @@ class Dispatcher(Computation):
                 self._schedule(pending, entry, ctx.wall_time, stats)
 
     def _rearm(self, ctx: Context) -> None:
-        pending = ctx.state(self.pending)
-        next_try = min((entry["next_try"] for _, entry in pending.items()), default=None)
-        if next_try is None:
+        """The retry timer at the earliest next try, holding the watermark at the earliest pending
+        click: a join or an unjoinable decision made on a retry is stamped with its click's time,
+        which must not be late for event-time consumers downstream."""
+        entries = [entry for _, entry in ctx.state(self.pending).items()]
+        if not entries:
             ctx.delete_timer(RETRY_TIMER)
         else:
-            ctx.set_timer(RETRY_TIMER, next_try, TimeDomain.WALL_TIME)
+            ctx.set_timer(RETRY_TIMER, min(entry["next_try"] for entry in entries), TimeDomain.WALL_TIME,
+                          hold=min(entry["ts"] for entry in entries))
 
     # -- productions ----------------------------------------------------------------------------
     def _produce_joined(self, ctx: Context, entry: dict[str, Any], joined: Any, reclaimed: bool) -> None:

@@ -1,0 +1,51 @@
+"""Event-time consumers of Photon's outputs: a join or an unjoinable decision made on a retry is
+stamped with its click's time, and the dispatcher's watermark is held at its earliest pending click
+(a watermark hold), so none of them is late downstream. Ground truth: the clicks' own timestamps,
+counted per minute in plain Python."""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+
+from millstream import Count, Record, TumblingWindows, WindowAggregate
+from millstream.model.records import END_OF_TIME
+from millstream.photon import JOINED, UNJOINABLE, PhotonPipelineSpec, RetryPolicy, build_photon_pipeline
+from millstream.testing import PipelineHarness
+
+T0 = 1_700_000_000_000
+MINUTE = 60_000
+
+
+def test_joins_and_unjoinable_decisions_made_on_retries_are_on_time_for_a_window_downstream(tmp_path):
+    base = str(tmp_path)
+    spec = PhotonPipelineSpec("mine", f"{base}/a", f"{base}/q", f"{base}/c", f"{base}/r",
+                              "sqlite:///" + os.path.join(base, "ids.db"),
+                              retry=RetryPolicy(500, 2_000, 10_000), dispatch_shards=2)
+    pipeline = build_photon_pipeline(spec, sinks=False)
+    for stream in (JOINED, UNJOINABLE):
+        counter = WindowAggregate(TumblingWindows(MINUTE), Count(), f"per_minute_{stream}")
+        pipeline.add_computation(f"per_minute_{stream}", counter, {stream: lambda r: "all"}, counter.outputs)
+    h = PipelineHarness(pipeline, wall_time=T0)
+    queries = [Record(f"web:1:{T0 + i * 7_000}:{i}", {"text": f"q{i}"}, T0 + i * 7_000) for i in range(12)]
+    clicks = [Record(f"c{i}", {"query_id": queries[i].key}, T0 + i * 7_000 + 500) for i in range(12)]
+    h.feed("queries", queries[:8], watermark=T0 + 56_000)
+    h.run()
+    h.feed("clicks", clicks, watermark=END_OF_TIME)  # the click log is complete
+    h.run()
+    # Queries 8 and 9 reach their log after their clicks; 10 and 11 never do.
+    h.feed("queries", queries[8:10], watermark=END_OF_TIME)
+    h.advance_watermark("reinjected", END_OF_TIME)
+    h.run()
+    for second in range(1, 30):
+        h.advance_wall_time(T0 + second * 1_000)
+        h.run()
+
+    joined = {r.value["click_id"] for r in h.output(JOINED)}
+    unjoinable = {r.value["click_id"] for r in h.output(UNJOINABLE)}
+    assert joined == {f"c{i}" for i in range(10)} and unjoinable == {"c10", "c11"}
+    for stream, ids in ((JOINED, joined), (UNJOINABLE, unjoinable)):
+        expected = Counter(c.timestamp - c.timestamp % MINUTE for c in clicks if c.key in ids)
+        windows = Counter({r.value["start"]: r.value["value"] for r in h.output(f"per_minute_{stream}")})
+        assert windows == expected, stream
+        assert h.metrics(f"per_minute_{stream}").late == 0
