@@ -317,7 +317,7 @@ class Publisher:
             commit.last_published = batch
         faults.reached("published", name)
         for member, status in ((name, manifest["status"]), *manifest.get("fused", {}).items()):
-            history = {k: status.get(k) for k in ("batch", "low_watermark", "input_watermark", "wall_ms",
+            history = {k: status.get(k) for k in ("batch", "low_watermark", "input_watermark", "hold", "wall_ms",
                                                   "state_bytes_written", "state_bytes_changed", "senders",
                                                   "metrics")}
             self.storage.write_json(status_history(member, batch), history)

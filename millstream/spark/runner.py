@@ -598,7 +598,8 @@ class SparkRunner:
         return read_progress(self.storage, list(self.plans), set(self.pipeline.injectors))
 
     def watermark_history(self, computation: str) -> list[dict[str, int]]:
-        """(batch, low_watermark, input_watermark, wall_ms) per published batch, oldest first."""
+        """(batch, low_watermark, input_watermark, hold, wall_ms, ...) per published batch, oldest
+        first (hold: the earliest hold of the computation's timers after the batch, or None)."""
         return read_status_history(self.storage, computation)
 
     def read_stream(self, stream: str) -> list[Record[Any]]:
