@@ -16,7 +16,8 @@ Weak productions fuse a computation A into its consumer B's query, with no durab
 (FusedProducerProcessor) keys its productions with B's extractors and emits them as B's input rows,
 bundled per B key group, in input order; B's operator runs exactly as if it read A's log. A publishes
 its output watermark after each input point as the watermark there (all due work done), so B's input
-points are A's, with the same watermarks: the batch plan passes through unchanged. Key group g of A
+points are A's, with the same watermarks: the batch plan passes through unchanged (so A cannot hold
+its watermark: a step of A in which a timer holds fails, saying so). Key group g of A
 also sends key group g of B its heartbeat, carrying A's counters for the driver.
 """
 
