@@ -30,6 +30,7 @@ from millstream.photon.liveness import OwnerHeartbeat, check_not_retired
 from millstream.photon.outputs import PipelineLayout
 
 INJECTORS = ("queries", "clicks", "reinjected")
+REINJECTED_IDLE_AFTER_MS = 5_000  # the re-injection input, quiet this long, stops holding the dispatcher
 COMPUTATIONS = ("event_reader", "dispatcher")
 
 
@@ -128,14 +129,16 @@ def build_photon_pipeline(spec: PhotonPipelineSpec, adapter: JoinAdapter | None 
     # The re-injection directory is written rarely (by the verifier), its files named by the time they
     # are written. Its files' names, not the clock, move its watermark: an injector whose watermark
     # followed the clock would change its offset at every trigger and make Spark run a micro-batch
-    # each time, for nothing. The price: until the first re-injection, this input holds the
-    # dispatcher's low watermark back (the dispatcher uses no low-watermark timers; its dedup ids
-    # wait to expire).
+    # each time, for nothing. So it declares itself idle when quiet: otherwise, until the first
+    # re-injection, it would hold the dispatcher's low watermark at the beginning of time, and every
+    # event-time consumer of `joined` with it. (A re-injected click is late whenever it comes: the
+    # verifier re-injects what was lost long after its time.)
     pipeline = (
         Pipeline("photon")
         .add_injector("queries", FileInjector(spec.query_log, creation=creation), "queries")
         .add_injector("clicks", FileInjector(spec.click_log, creation=creation), "clicks")
-        .add_injector("reinjected", FileInjector(spec.reinject_dir, creation="name"), "reinjected")
+        .add_injector("reinjected", FileInjector(spec.reinject_dir, creation="name"), "reinjected",
+                      idle_after_ms=REINJECTED_IDLE_AFTER_MS)
         .add_computation("event_reader", EventReader(layout.event_store, adapter), {"queries": primary_key},
                          on_error="dead_letter")
         .add_computation(

@@ -49,3 +49,32 @@ def test_joins_and_unjoinable_decisions_made_on_retries_are_on_time_for_a_window
         windows = Counter({r.value["start"]: r.value["value"] for r in h.output(f"per_minute_{stream}")})
         assert windows == expected, stream
         assert h.metrics(f"per_minute_{stream}").late == 0
+
+
+def test_while_nothing_is_reinjected_the_dispatcher_s_watermark_follows_the_clicks(tmp_path):
+    # A live run: the logs go on, the verifier has re-injected nothing. A window downstream closes
+    # once the clicks' watermark passes it, not when the logs end.
+    base = str(tmp_path)
+    spec = PhotonPipelineSpec("mine", f"{base}/a", f"{base}/q", f"{base}/c", f"{base}/r",
+                              "sqlite:///" + os.path.join(base, "ids.db"),
+                              retry=RetryPolicy(500, 2_000, 10_000), dispatch_shards=2)
+    pipeline = build_photon_pipeline(spec, sinks=False)
+    counter = WindowAggregate(TumblingWindows(MINUTE), Count(), "per_minute")
+    pipeline.add_computation("per_minute", counter, {JOINED: lambda r: "all"}, counter.outputs)
+    h = PipelineHarness(pipeline, wall_time=T0)
+    first_minute = T0 - T0 % MINUTE
+    queries = [Record(f"web:1:{first_minute + i * 5_000}:{i}", {"text": f"q{i}"}, first_minute + i * 5_000)
+               for i in range(20)]  # 100 s of queries: the first minute and part of the second
+    clicks = [Record(f"c{i}", {"query_id": q.key}, q.timestamp + 500) for i, q in enumerate(queries)]
+    h.feed("queries", queries, watermark=first_minute + 100_000)
+    h.run()
+    h.feed("clicks", clicks, watermark=first_minute + 100_000)
+    h.run()
+    for second in range(1, 12):  # the re-injection input stays quiet past its idle timeout
+        h.advance_wall_time(T0 + second * 1_000)
+        h.pull_injectors()
+        h.run()
+    assert h.low_watermark("dispatcher") == first_minute + 100_000
+    expected = Counter(c.timestamp - c.timestamp % MINUTE for c in clicks
+                       if c.timestamp < first_minute + MINUTE)
+    assert Counter({r.value["start"]: r.value["value"] for r in h.output("per_minute")}) == expected
