@@ -99,7 +99,8 @@ def fake_root(tmp_path, upstream_head=7, read_up_to=3):
            "metrics": {"records": 300, "late": 4, "duplicates": 2, "dead_letters": 1, "pending_timers": 9},
            "wall_ms": 3_000})
     write(root / "status" / "down" / "latest.json",
-          {"batch": 2, "low_watermark": 2_000, "positions": {"out/up#0": read_up_to},
+          {"batch": 2, "low_watermark": 2_000, "input_watermark": 2_400, "hold": 2_000,
+           "positions": {"out/up#0": read_up_to},
            "metrics": {"records": 100, "late": 0}, "wall_ms": 3_100})
     return root
 
@@ -113,6 +114,8 @@ def test_reader_counts_backlog_and_reads_counters_and_history(tmp_path):
     assert up.idle_inputs == ["in/src#0"] and down.idle_inputs == []
     assert up.keyed_watermarks == {"ship": 1_000} and down.keyed_watermarks == {}
     assert up.watermarks_text().splitlines()[1] == "ship: " + format_watermark(1_000)
+    assert down.hold == 2_000 and down.watermarks_text().splitlines()[1] == "held by a timer"
+    assert up.hold is None and "held" not in up.watermarks_text()
     assert down.pending_timers is None  # not recorded: shown as unknown, not as 0
     assert [p.records for p in up.history] == [0, 100, 300]
     assert up.lag_ms(10_000) == 10_000 - 2_400

@@ -56,10 +56,14 @@ class ComputationView:
     idle_inputs: list[str] = field(default_factory=list)
     history: list[HistoryPoint] = field(default_factory=list)
     keyed_watermarks: dict[str, int] = field(default_factory=dict)  # published, per watermark key
+    hold: int | None = None  # the earliest hold of its pending timers, if any (core/watermarks.py)
 
     def watermarks_text(self) -> str:
-        """The low watermark, then each keyed one on its own line ("ship: ...")."""
+        """The low watermark, "held by a timer" when a hold keeps it behind the input watermark,
+        then each keyed watermark on its own line ("ship: ...")."""
         lines = [format_watermark(self.low_watermark)]
+        if self.hold is not None and self.hold < self.input_watermark:
+            lines.append("held by a timer")
         lines += [f"{key}: {format_watermark(mark)}" for key, mark in sorted(self.keyed_watermarks.items())]
         return "\n".join(lines)
 
@@ -114,7 +118,7 @@ def read_root(root: str, with_history: bool = True) -> RootView:
             duplicates=metrics.get("duplicates", 0), dead_letters=metrics.get("dead_letters", 0),
             # No status yet: nothing ran, nothing pending. A status without the counter: not recorded.
             pending_timers=metrics.get("pending_timers") if status else 0, idle_inputs=list(status.get("idle_inputs", [])),
-            keyed_watermarks=dict(status.get("keyed_watermarks", {})))
+            keyed_watermarks=dict(status.get("keyed_watermarks", {})), hold=status.get("hold"))
         for sender, position in status.get("positions", {}).items():
             producer = producer_of(sender)
             if producer in heads:

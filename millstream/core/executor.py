@@ -319,18 +319,16 @@ class _Invocation:
             raise ComputationError(f"{self._plan.name}: timer {tag!r} domain must be a TimeDomain, got {domain!r}")
         if watermark is not None:
             self._check_watermark_key(tag, watermark, wall)
-        if hold is not None and (type(hold) is not int or not -END_OF_TIME <= hold <= END_OF_TIME):
-            self._bad_hold(tag, hold)
         setter = self._setter
         if setter is None:  # a timer firing sets a timer: its identity, hashed to stay bounded
             setter = self._setter = timer_setter(self._cause)
-        self._timers[tag] = (time, wall, setter, watermark or "")
+        if hold is None:
+            self._timers[tag] = (time, wall, setter, watermark or "")
+            if self._holds and self._holds.pop(tag, None) is not None:  # set again without a hold: released
+                self.held(self._segment)
+        else:
+            self._set_holding(tag, (time, wall, setter, watermark or ""), hold)
         self.timer_changes += 1
-        if hold is not None:
-            self._holds[tag] = hold
-            self.held(self._segment)
-        elif self._holds and self._holds.pop(tag, None) is not None:  # set again without a hold: released
-            self.held(self._segment)
         if self._segment:  # in the first point there is no earlier one to keep it from (and points
             self.set_at[tag] = self._segment  # only move forward: nothing is set at 0 after a later one)
 
@@ -352,6 +350,14 @@ class _Invocation:
             )
         if not -END_OF_TIME <= time <= END_OF_TIME:
             raise ComputationError(f"{self._plan.name}: timer {tag!r} time {time} is out of range")
+
+    def _set_holding(self, tag: str, timer: tuple[int, bool, str, str], hold: Any) -> None:
+        """set_timer's part for a timer that holds the watermark (off the common path)."""
+        if type(hold) is not int or not -END_OF_TIME <= hold <= END_OF_TIME:
+            self._bad_hold(tag, hold)
+        self._timers[tag] = timer
+        self._holds[tag] = hold
+        self.held(self._segment)
 
     def _bad_hold(self, tag: str, hold: Any) -> None:
         if isinstance(hold, bool) or not isinstance(hold, int):
