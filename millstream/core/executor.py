@@ -66,6 +66,8 @@ _hex128 = xxhash.xxh3_128_hexdigest
 _NO_SKIPPED_ITEMS: frozenset[int] = frozenset()  # a key's first run of a step skips nothing
 _NO_SKIPPED_TIMERS: frozenset[tuple[str, int, str]] = frozenset()
 _NO_TIMERS_MET: list[tuple[str, int, str]] = []  # shared and never added to (nothing is skipped)
+# A key's hold changes until its first (most keys hold nothing): shared, replaced rather than added to.
+_NO_HOLD_CHANGES: list[tuple[int, int | None]] = []
 _NO_SPEC = object()  # no state asked for yet (None is a mistake user code can make: it must reach the check)
 
 
@@ -187,7 +189,7 @@ class _Invocation:
         self._holds = state.holds  # tag -> the time a pending timer holds the output watermark at
         # (input point, the key's earliest hold after it) at each change of the key's holds, in the
         # order of the points: _KeyStep.holds_by_point.
-        self.hold_changes: list[tuple[int, int | None]] = []
+        self.hold_changes = _NO_HOLD_CHANGES
         self._key = key
         self._wall_time = wall_time
         self._out = out
@@ -224,7 +226,11 @@ class _Invocation:
     def held(self, point: int) -> None:
         """Note that the key's holds changed at input point `point`."""
         holds = self._holds
-        self.hold_changes.append((point, min(holds.values()) if holds else None))
+        change = (point, min(holds.values()) if holds else None)
+        if self.hold_changes is _NO_HOLD_CHANGES:
+            self.hold_changes = [change]
+        else:
+            self.hold_changes.append(change)
 
     def follow_timers(self) -> None:
         """Take the key's timers again from its state (KeyState.checkpoint may replace the dict)."""
