@@ -113,24 +113,32 @@ class Lottery(Computation):
 
 
 class Auditor(Computation):
-    """Wall-time timers: flushes, per account, how many draws it saw since the last flush."""
+    """Wall-time timers holding the watermark: flushes, per account, how many draws it saw since the
+    last flush, stamped with the earliest of them, which the flush timer holds the output watermark
+    at meanwhile (so no flush is late for a consumer: verify.py checks it from the log)."""
 
     unflushed = ValueState[int]("unflushed", default=0)
     flushes = ValueState[int]("flushes", default=0)
+    oldest: ValueState[int | None] = ValueState("oldest")  # the earliest unflushed draw's time
 
     def process_record(self, ctx: Any, record: Record[Any]) -> None:
         if record.value.get("final"):
             return
         unflushed = ctx.state(self.unflushed)
         unflushed.set(unflushed.get() + 1)
-        ctx.set_timer("flush", ctx.wall_time + 300, TimeDomain.WALL_TIME)
+        oldest = ctx.state(self.oldest)
+        if oldest.get() is None or record.timestamp < oldest.get():
+            oldest.set(record.timestamp)
+        ctx.set_timer("flush", ctx.wall_time + 300, TimeDomain.WALL_TIME, hold=oldest.get())
 
     def process_timer(self, ctx: Any, timer: Any) -> None:
         flushes = ctx.state(self.flushes)
         flushes.set(flushes.get() + 1)
         count = ctx.state(self.unflushed).get()
         ctx.state(self.unflushed).clear()
-        ctx.produce(Record(ctx.key, {"flush": flushes.get(), "count": count}, timer.time), "flushes")
+        stamp = ctx.state(self.oldest).get()
+        ctx.state(self.oldest).clear()
+        ctx.produce(Record(ctx.key, {"flush": flushes.get(), "count": count}, stamp), "flushes")
 
 
 def build_pipeline(spec: ChaosSpec, sink_dir: str, lottery_exactly_once: bool = True) -> Pipeline:

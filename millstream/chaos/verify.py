@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 import pyarrow.parquet as pq
 
@@ -31,21 +32,48 @@ class Check:
         return not (self.lost or self.duplicated or self.altered or self.broken)
 
 
-def published(run_root: str, producer: str, stream: str) -> list[dict[str, Any]]:
-    """Every record a computation published on a stream, from its publication log."""
+def log_entries(run_root: str, producer: str) -> Iterator[dict[str, Any]]:
+    """A computation's publication log's batch entries, in order: the files named by a position
+    alone (`000000000042.json`), not a killed driver's temporary file beside them
+    (`000000000042.json.tmp-...`), which was never published."""
     log_dir = os.path.join(run_root, "log", producer)
-    records = []
-    for name in sorted(n for n in os.listdir(log_dir) if n[:12].isdigit()):
+    for name in sorted(n for n in os.listdir(log_dir) if _ENTRY.fullmatch(n)):
         with open(os.path.join(log_dir, name)) as data:
             entry = json.load(data)
-        if entry["type"] != "batch":
-            continue
+        if entry["type"] == "batch":
+            yield entry
+
+
+_ENTRY = re.compile(r"\d{12}\.json")
+
+
+def published(run_root: str, producer: str, stream: str) -> list[dict[str, Any]]:
+    """Every record a computation published on a stream, from its publication log."""
+    records = []
+    for entry in log_entries(run_root, producer):
         for path, rows in entry["streams"].get(stream, []):
             if rows:
                 table = pq.read_table(path).to_pydict()
                 for key, value, ts, rid in zip(table["key"], table["value"], table["timestamp"], table["id"]):
                     records.append({"key": key, "value": json.loads(value), "timestamp": ts, "id": rid})
     return records
+
+
+def stamped_behind(run_root: str, producer: str, stream: str) -> list[str]:
+    """The records a computation published on a stream stamped behind the watermark it had
+    published before their input point (what any consumer would judge late), from its log."""
+    behind: list[str] = []
+    watermark: int | None = None  # published before the entry's first point
+    for entry in log_entries(run_root, producer):
+        before = [watermark, *entry["output"][:-1]]  # per point: the watermark published before it
+        for path, rows in entry["streams"].get(stream, []):
+            if rows:
+                table = pq.read_table(path).to_pydict()
+                for ts, segment, rid in zip(table["timestamp"], table["segment"], table["id"]):
+                    if before[segment] is not None and ts < before[segment]:
+                        behind.append(rid)
+        watermark = entry["output"][-1]
+    return behind
 
 
 def sink_lines(directory: str) -> list[dict[str, Any]]:
@@ -120,7 +148,7 @@ def verify(spec: ChaosSpec, root: str) -> list[Check]:
     checks.append(check)
 
     flushes = published(run_root, "auditor", "flushes")
-    check = Check("auditor flushes (wall-time timers)")
+    check = Check("auditor flushes (wall-time timers, holds)")
     counted: Counter[str] = Counter()
     numbers: dict[str, list[int]] = defaultdict(list)
     for flush in flushes:
@@ -132,6 +160,10 @@ def verify(spec: ChaosSpec, root: str) -> list[Check]:
     for account, flush_numbers in numbers.items():
         if sorted(flush_numbers) != list(range(1, len(flush_numbers) + 1)):
             check.broken.append(f"{account}: flush numbers not 1..{len(flush_numbers)}")
+    late = stamped_behind(run_root, "auditor", "flushes")
+    if late:  # each flush is stamped with its earliest draw, which its timer held the watermark at
+        check.broken.append(f"{len(late)} flushes stamped behind the auditor's published watermark "
+                            f"(a hold not kept), e.g. {late[0]}")
     checks.append(check)
 
     for stream, sink, records in (("draws", "draws", draws), ("flushes", "flushes", flushes)):
