@@ -10,6 +10,7 @@ import random
 import pytest
 
 from millstream import Computation, MapState, Pipeline, Record, ScriptedInjector, TimeDomain
+from millstream.core.executor import ComputationFailed
 from millstream.core.keystate import KeyState
 from millstream.core.store import MemoryKeyStore, StoredKey
 from millstream.model.pipeline import ErrorPolicy
@@ -300,3 +301,35 @@ def test_the_store_finds_the_earliest_hold_past_stale_and_excluded_keys():
     store.apply({"a": StoredKey(b"", None, None, (), None)})
     assert store.min_hold() is None
 
+
+
+def test_a_held_computation_whose_inputs_are_all_idle_is_not_idle_downstream():
+    # Idle, it would be left out of its consumer's watermark, and the hold with it.
+    p = (Pipeline("idle").add_injector("a", ScriptedInjector("a", []), "in_a")
+         .add_injector("c", ScriptedInjector("c", []), "in_c")
+         .add_computation("stash", Stash(hold=True), ["in_a"], ["out"])
+         .add_computation("judge", Judge(), ["out", "in_c"], ["judged"]))
+    h = PipelineHarness(p, wall_time=0)
+    kept = [Record("k", None, 100), Record("k", None, 200)]
+    h.feed("a", kept, watermark=1_000)
+    h.feed("c", [], watermark=1_000)
+    h.run()
+    h.declare_idle("a")  # the stash's only input goes quiet while its timer holds
+    h.run()
+    h.advance_watermark("c", 5_000)
+    h.run()
+    assert h.input_watermark("judge") == 100
+    h.advance_wall_time(DELAY_MS)
+    h.run()
+    judged = [r.value for r in h.output("judged")]
+    assert sorted(j["ts"] for j in judged) == [100, 200] and not any(j["late"] for j in judged)
+
+
+def test_a_weak_computation_that_holds_is_refused_as_on_spark():
+    p = (Pipeline("weak").add_injector("src", ScriptedInjector("src", []), "in")
+         .add_computation("stash", Stash(hold=True), ["in"], ["out"], production="weak")
+         .add_computation("judge", Judge(), ["out"], ["judged"]))
+    h = PipelineHarness(p)
+    h.feed("src", [Record("k", None, 1)], watermark=2)
+    with pytest.raises(ComputationFailed, match="'stash' holds its output watermark.*strong productions"):
+        h.run()

@@ -39,7 +39,8 @@ Coalescing rules (as Hazelcast's WatermarkCoalescer):
 2. A sender that has published nothing yet holds the minimum at BEGINNING_OF_TIME.
 3. An idle sender is left out of the minimum until it publishes again (a watermark or records).
 4. If every sender is idle the computation is idle too, and says so downstream (seed 001 forwards the
-   idle message); its watermark holds where it is rather than jumping ahead. Jumping ahead would gain
+   idle message), unless a timer holds its watermark (a hold is pending work: downstream must wait
+   for it, not leave the computation out); its watermark holds where it is rather than jumping ahead. Jumping ahead would gain
    nothing (an idle computation has nothing pending to release) and would turn whatever arrives when an
    input wakes up into late data; holding keeps it on time, and downstream, where the idle computation
    is left out, the active senders move the watermark.
@@ -314,6 +315,25 @@ def output_watermarks(previous_output: int, segments: Sequence[Segment],
         current = max(current, allowed)
         published.append(current)
     return published
+
+
+def published_idle(segments: Sequence[Segment], holds: Sequence[int | None] | None = None) -> list[bool]:
+    """Whether the computation says it is idle after each input point (rule 4): every sender idle,
+    and nothing held there.
+
+    >>> published_idle([Segment(5, 5, idle=True), Segment(5, 5, idle=True)], [9, None])
+    [False, True]
+    """
+    return [segment.idle and (holds is None or holds[j] is None) for j, segment in enumerate(segments)]
+
+
+def weak_hold_refused(computation: str) -> str:
+    """Why a computation with weak productions cannot hold its watermark (both runners refuse it so):
+    on Spark it is fused into its consumer's query, whose input points carry the weak computation's
+    input watermarks unchanged, so a hold would not reach the consumer."""
+    return (f"computation {computation!r} holds its output watermark (a timer set with hold=), but its "
+            "productions are weak: fused into its consumer's query on Spark, which holds nothing back; give it "
+            "strong productions (the default) to use holds")
 
 
 def earliest_holds(holds: list[int | None] | None, more: Sequence[int | None] | None) -> list[int | None] | None:

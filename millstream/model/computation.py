@@ -85,7 +85,10 @@ class Context(Protocol):
         `hold`: a record timestamp; while the timer is pending, the computation's output low
         watermark does not pass it, so records stamped `hold` or later that its firing produces are
         not late downstream (for records kept in state and produced later, as on a retry). Setting
-        the timer again without `hold` releases it; so do firing and deleting it."""
+        the timer again without `hold` releases it; so do firing and deleting it, and `clear()`.
+        Keyed watermarks are not held. With an injector's `max_skew_ms`, a low-watermark timer must
+        not hold further behind its own time than that: the skew limit would stop the input the
+        timer waits for."""
         ...
 
     def delete_timer(self, tag: str) -> None:

@@ -187,7 +187,8 @@ class Pipeline:
         `max_skew_ms`: stop reading (nothing is lost or reordered: reading resumes where it paused)
         while a computation downstream of this injector has published a low watermark more than this
         far behind the injector's own. What waits for a watermark (windows, join buffers) then stays
-        bounded when a stage or another input lags (MillWheel section 9.4's remedy for skew)."""
+        bounded when a stage or another input lags (MillWheel section 9.4's remedy for skew). The
+        watermark compared is the published one, holds included (`ctx.set_timer(..., hold=)`)."""
         self._check_new_node(name)
         self._check_user_stream(stream, f"injector {name!r}")
         if not isinstance(injector, Injector):

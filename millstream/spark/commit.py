@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from millstream.core.plan import ComputationPlan
-from millstream.core.watermarks import earliest_holds, output_keyed_watermarks, output_watermarks
+from millstream.core.watermarks import earliest_holds, output_keyed_watermarks, output_watermarks, published_idle
 from millstream.model.records import BEGINNING_OF_TIME
 from millstream.spark import faults
 from millstream.spark.fencing import Lease
@@ -184,6 +184,9 @@ class BatchStager:
             raise RuntimeError(f"Spark's offset log has no batch {batch_id} in {commit.checkpoint.location}")
         statuses: dict[str, dict[str, Any]] = {}
         segments = batch_segments(end)
+        output: list[int] = []
+        keyed_output: list[dict[str, int]] = []
+        idle: list[bool] = []
         for member in (*commit.fused, plan):  # a fused computation's output points are its consumer's input
             previous = self.status_before(member.name, batch_id)
             mine = [r for r in reports if r["computation"] == member.name]
@@ -192,13 +195,15 @@ class BatchStager:
                 holds = earliest_holds(holds, report.get("holds"))
             output = output_watermarks(previous["low_watermark"], segments, holds)
             keyed_output = output_keyed_watermarks(previous.get("keyed_watermarks", {}), segments)
+            idle = published_idle(segments, holds)
             statuses[member.name] = next_status(previous, mine, batch_id, end, output, keyed_output,
                                                 holds[-1] if holds else None)
+        # output, keyed_output and idle are now the strong computation's (the last member), for its log.
         status = statuses[plan.name]
         for files in streams.values():
             files.sort()
         manifest = {"type": BATCH, "batch": batch_id, "attempt": attempt, "offsets": offsets_digest(end),
-                    "output": output, "idle": [s.idle for s in segments], "keyed": keyed_output, "streams": streams,
+                    "output": output, "idle": idle, "keyed": keyed_output, "streams": streams,
                     "sinks": sinks, "status": status, "fused": {m.name: statuses[m.name] for m in commit.fused}}
         self.storage.write_json(staged_path(plan.name, commit.writer.epoch, batch_id), manifest)
         with commit.lock:

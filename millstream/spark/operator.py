@@ -31,7 +31,7 @@ from millstream.core.garbage import bulk_work
 from millstream.core.plan import ComputationPlan, key_group
 from millstream.core.production import Produced
 from millstream.core.store import KeyStore
-from millstream.core.watermarks import Segment
+from millstream.core.watermarks import Segment, weak_hold_refused
 from millstream.model.computation import ComputationInfo
 from millstream.model.pipeline import DEAD_LETTERS
 from millstream.model.records import Record
@@ -192,12 +192,8 @@ class FusedProducerProcessor(StatefulProcessor):
     def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:
         group = self.labels.group(key[0])
         result, bytes_written, batch, _ = self.step.run(group, rows)
-        if result.holds is not None:
-            # B's input points carry A's input watermarks unchanged (the module doc): a hold of A's
-            # would not reach B, whose consumers would then see A's held records late.
-            message = (f"computation {self.plan.name!r} holds its output watermark (a timer set with hold=), "
-                       f"but its productions are weak, fused into {self.consumer.name!r}'s query, which "
-                       "holds nothing back: give it strong productions (the default) to use holds")
+        if result.holds is not None:  # B's input points carry A's input watermarks (the module doc)
+            message = weak_hold_refused(self.plan.name)
             report_failure(self.root, self.plan.name, message)
             raise ComputationFailed(message)
         plan_blob = batch.dumps()

@@ -23,14 +23,16 @@ from typing import Any, Iterable, cast
 
 from millstream.core.deadletters import dead_letter
 from millstream.core.production import Produced, output_order
-from millstream.core.executor import Delivery, KeyGroupExecutor, StepMetrics, inspect_key, key_or_dead_letter
+from millstream.core.executor import (ComputationFailed, Delivery, KeyGroupExecutor, StepMetrics, inspect_key,
+                                      key_or_dead_letter)
 from millstream.core.plan import ComputationPlan, check_whole, key_group, plan_computation, sender_name
 from millstream.core.store import MemoryKeyStore
 from millstream.core.watermarks import (Segment, WatermarkCoalescer, earliest_holds, output_keyed_watermarks,
-                                        output_watermarks, published_keyed, too_far_ahead)
+                                        output_watermarks, published_idle, published_keyed, too_far_ahead,
+                                        weak_hold_refused)
 from millstream.model.codecs import Codec, CodecError
 from millstream.model.injector import Malformed, Offset, check_injected
-from millstream.model.pipeline import DEAD_LETTERS, ErrorPolicy, Pipeline, PipelineError
+from millstream.model.pipeline import DEAD_LETTERS, ErrorPolicy, Pipeline, PipelineError, Production
 from millstream.model.records import BEGINNING_OF_TIME, Record, Timer, derive_record_id
 
 
@@ -324,13 +326,16 @@ class PipelineHarness:
             run.metrics.add(result.metrics)
             produced.extend(result.productions)
             holds = earliest_holds(holds, result.holds)
+        if holds is not None and self.pipeline.computations[plan.name].production is Production.WEAK:
+            raise ComputationFailed(weak_hold_refused(plan.name))  # as the Spark runner, which fuses it
         published = output_watermarks(run.output_watermark, segments, holds)
+        idle = published_idle(segments, holds)
         published_keyed = output_keyed_watermarks(run.output_keyed, segments)
         run.output_watermark, run.output_keyed = published[-1], published_keyed[-1]
         run.watermark_history.append(run.output_watermark)
         produced.sort(key=output_order)
         for j, watermark in enumerate(published):
-            self._publish(plan.name, [p for p in produced if p.segment == j], watermark, segments[j].idle,
+            self._publish(plan.name, [p for p in produced if p.segment == j], watermark, idle[j],
                           published_keyed[j])
         return True
 
