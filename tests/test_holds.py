@@ -262,6 +262,32 @@ def test_a_failed_record_s_hold_is_rolled_back_with_it():
     assert h.low_watermark("failing") == 500
 
 
+def test_a_hold_first_set_after_the_checkpoint_a_failure_rolls_back_to():
+    class Late(Computation):
+        def process_record(self, ctx, record):
+            if record.value.get("hold"):
+                ctx.set_timer("t", 10**9, TimeDomain.WALL_TIME, hold=record.timestamp)
+            if record.value.get("fail"):
+                raise ValueError("bad record")
+
+        def process_timer(self, ctx, timer):
+            pass
+
+    p = (Pipeline("late").add_injector("src", ScriptedInjector("src", []), "in")
+         .add_computation("late", Late(), ["in"], [], on_error=ErrorPolicy.DEAD_LETTER))
+    h = PipelineHarness(p)
+    # The rerun after the first failure checkpoints before records 0, 16 and 48; the hold comes
+    # after the last of them, and the second failure rolls back to it and replays the hold.
+    records = [Record("k", {}, 500 + i) for i in range(60)]
+    records[5] = Record("k", {"fail": True}, 505)
+    records[49] = Record("k", {"hold": True}, 549)
+    records[50] = Record("k", {"fail": True}, 550)
+    h.feed("src", records, watermark=1_000)
+    h.run()
+    assert len(h.dead_letters()) == 2
+    assert h.low_watermark("late") == 549
+
+
 def test_a_bad_hold_is_refused_naming_the_timer():
     class Bad(Computation):
         def process_record(self, ctx, record):

@@ -160,7 +160,6 @@ class _Checkpoint(NamedTuple):
     set_at: dict[str, int]
     timer_changes: int
     hold_changes: list[tuple[int, int | None]]
-    hold_point: int
 
 
 class _StateFlushFailed(Exception):
@@ -173,7 +172,7 @@ class _Invocation:
     __slots__ = ("_plan", "_state", "_key", "_low_watermark", "_wall_time", "_late", "_stream",
                  "_cause", "_setter", "_produced", "_out", "_segment", "_handles", "_order", "_advanced",
                  "_inputs", "_after", "_by_spec", "_name", "_codecs", "_segments", "_last_spec", "_last_handle",
-                 "_timers", "timer_changes", "set_at", "_holds", "hold_changes", "hold_point")
+                 "_timers", "timer_changes", "set_at", "_holds", "hold_changes")
 
     def __init__(self, plan: ComputationPlan, state: KeyState, key: str, wall_time: int, out: list[ProductionRow],
                  segments: Sequence[Segment] = ()) -> None:
@@ -190,8 +189,9 @@ class _Invocation:
         self._holds = state.holds  # tag -> the time a pending timer holds the output watermark at
         # (input point, the key's earliest hold after it) at each change of the key's holds, in the
         # order of the points: _KeyStep.holds_by_point.
+        # (input point, the key's earliest hold as that point left it) for each point in which the key's
+        # holds changed, in order; the last point's hold is taken at the end (holds_by_point).
         self.hold_changes = _NO_HOLD_CHANGES
-        self.hold_point = -1  # the input point of the latest change of the key's holds (-1: none yet)
         self._key = key
         self._wall_time = wall_time
         self._out = out
@@ -215,30 +215,28 @@ class _Invocation:
         self._codecs = plan.output_codecs
 
     def position(self) -> tuple[int, dict[str, int], int, list[tuple[int, int | None]], int]:
-        """(the key's next production's order, set_at, timer_changes, hold_changes, hold_point):
-        what rewind() takes back."""
-        return self._order, dict(self.set_at), self.timer_changes, list(self.hold_changes), self.hold_point
+        """(the key's next production's order, set_at, timer_changes, hold_changes): what rewind()
+        takes back."""
+        return self._order, dict(self.set_at), self.timer_changes, list(self.hold_changes)
 
     def rewind(self, order: int, set_at: dict[str, int], timer_changes: int,
-               hold_changes: list[tuple[int, int | None]], hold_point: int) -> None:
+               hold_changes: list[tuple[int, int | None]]) -> None:
         """Go on from position() as another context had it (a step restored to a checkpoint)."""
         self._order, self.set_at, self.timer_changes = order, dict(set_at), timer_changes
-        self.hold_changes, self.hold_point = list(hold_changes), hold_point
+        self.hold_changes = list(hold_changes) if hold_changes else _NO_HOLD_CHANGES
 
     def holds_change(self, point: int) -> None:
         """Note that the key's holds are about to change at input point `point`. The first change at
         a point closes the entry of the point before (hold_changes: that point, the key's earliest
         hold as it left it): the earliest hold is taken once per point, not once per change, which
         would cost a key setting many held timers each of the others again."""
-        if point != self.hold_point:
-            if self.hold_point >= 0:
-                holds = self._holds
-                change = (self.hold_point, min(holds.values()) if holds else None)
-                if self.hold_changes is _NO_HOLD_CHANGES:
-                    self.hold_changes = [change]
-                else:
-                    self.hold_changes.append(change)
-            self.hold_point = point
+        changes = self.hold_changes
+        if changes is _NO_HOLD_CHANGES:
+            self.hold_changes = [(point, None)]
+        elif changes[-1][0] != point:
+            holds = self._holds
+            changes[-1] = (changes[-1][0], min(holds.values()) if holds else None)
+            changes.append((point, None))
 
     def follow_timers(self) -> None:
         """Take the key's timers again from its state (KeyState.checkpoint may replace the dict)."""
@@ -338,10 +336,9 @@ class _Invocation:
             setter = self._setter = timer_setter(self._cause)
         if hold is None:
             self._timers[tag] = (time, wall, setter, watermark or "")
-            holds = self._holds
-            if holds and tag in holds:  # set again without a hold: released
+            if self._holds and tag in self._holds:  # set again without a hold: released
                 self.holds_change(self._segment)
-                del holds[tag]
+                del self._holds[tag]
         else:
             self._set_holding(tag, (time, wall, setter, watermark or ""), hold)
         self.timer_changes += 1
@@ -633,8 +630,7 @@ class _KeyStep:
         state = self.state = KeyState.restored(checkpoint.state)
         ctx = self.ctx = _Invocation(self.plan, state, self.key, self.wall_time, self.out, self.segments)
         state.report_writes_to(ctx._wrote)
-        ctx.rewind(checkpoint.order, checkpoint.set_at, checkpoint.timer_changes, checkpoint.hold_changes,
-                   checkpoint.hold_point)
+        ctx.rewind(checkpoint.order, checkpoint.set_at, checkpoint.timer_changes, checkpoint.hold_changes)
         del self.out[checkpoint.productions:]
         seen = self.seen
         while len(seen) > checkpoint.seen:  # ids are only added in a step: the newest go
@@ -755,13 +751,11 @@ class _KeyStep:
     def holds_by_point(self) -> list[int | None] | None:
         """The key's earliest hold after each input point of the step (None: it holds nothing
         there), or None if it held nothing in the step at all."""
-        ctx = self.ctx
-        if ctx.hold_point < 0:
-            if self.hold_before is None:
-                return None
-            changes: list[tuple[int, int | None]] = []
-        else:  # the point of the latest change, as the step left it
-            changes = [*ctx.hold_changes, (ctx.hold_point, self.state.hold() if self.state.holds else None)]
+        changes = self.ctx.hold_changes
+        if changes:  # the point of the latest change, as the step left it
+            changes = [*changes[:-1], (changes[-1][0], self.state.hold() if self.state.holds else None)]
+        elif self.hold_before is None:
+            return None
         current, i, by_point = self.hold_before, 0, []
         for j in range(len(self.segments)):
             while i < len(changes) and changes[i][0] <= j:
@@ -818,7 +812,7 @@ class KeyGroupExecutor:
         for key in keys:
             step = self._key_step(key, by_key.get(key, ()), blobs.get(key), segments, wall_time, out, metrics)
             changes[key] = step.stored()
-            if step.hold_before is not None or step.ctx.hold_point >= 0:
+            if step.hold_before is not None or step.ctx.hold_changes:
                 holds = earliest_holds(holds, step.holds_by_point())
             step.metrics.pending_timers = len(step.state.timers) - step.timers_before
             if step.seen:
