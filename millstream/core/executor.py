@@ -187,8 +187,6 @@ class _Invocation:
         # such a timer does not fire at an earlier point (see _KeyStep.timer_point).
         self.set_at: dict[str, int] = {}
         self._holds = state.holds  # tag -> the time a pending timer holds the output watermark at
-        # (input point, the key's earliest hold after it) at each change of the key's holds, in the
-        # order of the points: _KeyStep.holds_by_point.
         # (input point, the key's earliest hold as that point left it) for each point in which the key's
         # holds changed, in order; the last point's hold is taken at the end (holds_by_point).
         self.hold_changes = _NO_HOLD_CHANGES
@@ -214,7 +212,7 @@ class _Invocation:
         self._name = plan.name
         self._codecs = plan.output_codecs
 
-    def position(self) -> tuple[int, dict[str, int], int, list[tuple[int, int | None]], int]:
+    def position(self) -> tuple[int, dict[str, int], int, list[tuple[int, int | None]]]:
         """(the key's next production's order, set_at, timer_changes, hold_changes): what rewind()
         takes back."""
         return self._order, dict(self.set_at), self.timer_changes, list(self.hold_changes)
