@@ -17,16 +17,21 @@ T0 = 1_700_000_000_000
 MINUTE = 60_000
 
 
-def test_joins_and_unjoinable_decisions_made_on_retries_are_on_time_for_a_window_downstream(tmp_path):
+def photon_with_windows(tmp_path, streams) -> PipelineHarness:
+    """The stock Photon pipeline, with a per-minute count `per_minute_<stream>` of each of `streams`."""
     base = str(tmp_path)
     spec = PhotonPipelineSpec("mine", f"{base}/a", f"{base}/q", f"{base}/c", f"{base}/r",
                               "sqlite:///" + os.path.join(base, "ids.db"),
                               retry=RetryPolicy(500, 2_000, 10_000), dispatch_shards=2)
     pipeline = build_photon_pipeline(spec, sinks=False)
-    for stream in (JOINED, UNJOINABLE):
+    for stream in streams:
         counter = WindowAggregate(TumblingWindows(MINUTE), Count(), f"per_minute_{stream}")
         pipeline.add_computation(f"per_minute_{stream}", counter, {stream: lambda r: "all"}, counter.outputs)
-    h = PipelineHarness(pipeline, wall_time=T0)
+    return PipelineHarness(pipeline, wall_time=T0)
+
+
+def test_joins_and_unjoinable_decisions_made_on_retries_are_on_time_for_a_window_downstream(tmp_path):
+    h = photon_with_windows(tmp_path, (JOINED, UNJOINABLE))
     queries = [Record(f"web:1:{T0 + i * 7_000}:{i}", {"text": f"q{i}"}, T0 + i * 7_000) for i in range(12)]
     clicks = [Record(f"c{i}", {"query_id": queries[i].key}, T0 + i * 7_000 + 500) for i in range(12)]
     h.feed("queries", queries[:8], watermark=T0 + 56_000)
@@ -54,14 +59,7 @@ def test_joins_and_unjoinable_decisions_made_on_retries_are_on_time_for_a_window
 def test_while_nothing_is_reinjected_the_dispatcher_s_watermark_follows_the_clicks(tmp_path):
     # A live run: the logs go on, the verifier has re-injected nothing. A window downstream closes
     # once the clicks' watermark passes it, not when the logs end.
-    base = str(tmp_path)
-    spec = PhotonPipelineSpec("mine", f"{base}/a", f"{base}/q", f"{base}/c", f"{base}/r",
-                              "sqlite:///" + os.path.join(base, "ids.db"),
-                              retry=RetryPolicy(500, 2_000, 10_000), dispatch_shards=2)
-    pipeline = build_photon_pipeline(spec, sinks=False)
-    counter = WindowAggregate(TumblingWindows(MINUTE), Count(), "per_minute")
-    pipeline.add_computation("per_minute", counter, {JOINED: lambda r: "all"}, counter.outputs)
-    h = PipelineHarness(pipeline, wall_time=T0)
+    h = photon_with_windows(tmp_path, (JOINED,))
     first_minute = T0 - T0 % MINUTE
     queries = [Record(f"web:1:{first_minute + i * 5_000}:{i}", {"text": f"q{i}"}, first_minute + i * 5_000)
                for i in range(20)]  # 100 s of queries: the first minute and part of the second
@@ -77,4 +75,4 @@ def test_while_nothing_is_reinjected_the_dispatcher_s_watermark_follows_the_clic
     assert h.low_watermark("dispatcher") == first_minute + 100_000
     expected = Counter(c.timestamp - c.timestamp % MINUTE for c in clicks
                        if c.timestamp < first_minute + MINUTE)
-    assert Counter({r.value["start"]: r.value["value"] for r in h.output("per_minute")}) == expected
+    assert Counter({r.value["start"]: r.value["value"] for r in h.output(f"per_minute_{JOINED}")}) == expected
