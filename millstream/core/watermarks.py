@@ -39,11 +39,11 @@ Coalescing rules (as Hazelcast's WatermarkCoalescer):
 2. A sender that has published nothing yet holds the minimum at BEGINNING_OF_TIME.
 3. An idle sender is left out of the minimum until it publishes again (a watermark or records).
 4. If every sender is idle the computation is idle too, and says so downstream (seed 001 forwards the
-   idle message), unless a timer holds its watermark (a hold is pending work: downstream must wait
-   for it, not leave the computation out); its watermark holds where it is rather than jumping ahead. Jumping ahead would gain
-   nothing (an idle computation has nothing pending to release) and would turn whatever arrives when an
-   input wakes up into late data; holding keeps it on time, and downstream, where the idle computation
-   is left out, the active senders move the watermark.
+   idle message), unless a timer holds its watermark (a hold is pending work: downstream must wait for
+   it, not leave the computation out); its watermark holds where it is rather than jumping ahead.
+   Jumping ahead would gain nothing (an idle computation has nothing pending to release) and would turn
+   whatever arrives when an input wakes up into late data; holding keeps it on time, and downstream,
+   where the idle computation is left out, the active senders move the watermark.
 
 Worked example (the Hazelcast design's, senders 0 and 1):
 
@@ -349,4 +349,4 @@ def earliest_holds(holds: list[int | None] | None, more: Sequence[int | None] | 
         return holds
     if holds is None:
         return list(more)
-    return [b if a is None else a if b is None or a <= b else b for a, b in zip(holds, more)]
+    return [b if a is None else a if b is None or a <= b else b for a, b in zip(holds, more, strict=True)]
