@@ -98,6 +98,32 @@ def test_without_the_hold_the_same_records_are_late():
     assert h.metrics("judge").late == len(fed)
 
 
+def test_a_timer_shows_its_hold_to_process_timer_and_among_the_pending_timers():
+    class Shows(Computation):
+        def __init__(self):
+            self.fired = []
+
+        def process_record(self, ctx, record):
+            hold = record.value
+            ctx.set_timer(f"t{record.timestamp}", record.timestamp + 100, hold=hold)
+
+        def process_timer(self, ctx, timer):
+            self.fired.append((timer.tag, timer.hold))
+
+    shows = Shows()
+    p = (Pipeline("shows").add_injector("src", ScriptedInjector("src", []), "in")
+         .add_computation("shows", shows, ["in"], []))
+    h = PipelineHarness(p)
+    h.feed("src", [Record("k", 5, 10), Record("k", None, 20)], watermark=0)
+    h.run()
+    assert [(t.tag, t.time, t.hold) for t in h.pending_timers("shows", "k")] == [("t10", 110, 5),
+                                                                                 ("t20", 120, None)]
+    h.advance_watermark("src", 1_000)
+    h.run()
+    assert shows.fired == [("t10", 5), ("t20", None)]
+    assert h.pending_timers("shows", "k") == []
+
+
 def test_a_hold_is_released_by_deleting_or_setting_the_timer_again_without_it():
     class Toggle(Computation):
         def process_record(self, ctx, record):

@@ -699,7 +699,9 @@ class _KeyStep:
                     point = boundary if single else self.point_of(tag, timer, boundary)
                     if holds and tag in holds:  # fired: its hold is released
                         ctx.holds_change(point)
-                        del holds[tag]
+                        hold = holds.pop(tag)
+                    else:
+                        hold = None
                     if skip and (tag, time, setter) in skip:
                         skipped += 1
                         self.timers_skipped.append((tag, time, setter))
@@ -713,7 +715,7 @@ class _KeyStep:
                         f"t\x1f{key}\x1f{tag}\x1f{time}\x1f{setter}", None, 0)  # timer_cause()
                     try:
                         process_timer(ctx, _new_tuple(Timer, (time, tag, _WALL if wall_timer else _LOW_WATERMARK,
-                                                              timer[3] or None)))
+                                                              timer[3] or None, hold)))
                         if flush_each:
                             state.flush(plan.state_specs)
                     except Exception as error:

@@ -344,8 +344,9 @@ class KeyState:
         return min(holds.values()) if holds else None
 
     def user_timers(self) -> list[Timer]:
-        return sorted(Timer(time, tag, TimeDomain.WALL_TIME if wall else TimeDomain.LOW_WATERMARK, watermark or None)
-                      for tag, (time, wall, _, watermark) in self.timers.items())
+        holds = self.holds
+        return sorted(Timer(time, tag, TimeDomain.WALL_TIME if wall else TimeDomain.LOW_WATERMARK, watermark or None,
+                            holds.get(tag)) for tag, (time, wall, _, watermark) in self.timers.items())
 
 
 _IMMUTABLE = (int, float, str, bool, bytes, type(None))

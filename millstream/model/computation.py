@@ -86,6 +86,7 @@ class Context(Protocol):
         watermark does not pass it, so records stamped `hold` or later that its firing produces are
         not late downstream (for records kept in state and produced later, as on a retry). Setting
         the timer again without `hold` releases it; so do firing and deleting it, and `clear()`.
+        The fired `Timer` carries its hold (`timer.hold`), as do the harness's `pending_timers`.
         Keyed watermarks are not held. With an injector's `max_skew_ms`, a low-watermark timer must
         not hold further behind its own time than that: the skew limit would stop the input the
         timer waits for."""

@@ -135,13 +135,14 @@ class Timer(NamedTuple):
     """A timer as delivered to `process_timer`: fires in (time, tag) order per key.
 
     >>> Timer(1_000, "flush")
-    Timer(time=1000, tag='flush', domain=<TimeDomain.LOW_WATERMARK: 'low_watermark'>, watermark=None)
+    Timer(time=1000, tag='flush', domain=<TimeDomain.LOW_WATERMARK: 'low_watermark'>, watermark=None, hold=None)
     """
 
     time: int
     tag: str
     domain: TimeDomain = TimeDomain.LOW_WATERMARK
     watermark: str | None = None  # the watermark key a low-watermark timer follows; None: the low watermark
+    hold: int | None = None  # where the timer held the output watermark while pending (set_timer's hold)
 
 
 def derive_record_id(producer: str, *cause: object) -> str:
