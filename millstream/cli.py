@@ -16,6 +16,7 @@ import argparse
 import importlib
 import os
 import re
+import signal
 import sys
 import sysconfig
 import time
@@ -172,20 +173,41 @@ def show_status(args: argparse.Namespace) -> int:
             _write_html(args.html, render_html(view))
         return status_table(view)
 
+    # Ctrl-C sets a flag the loop checks rather than raising where it lands: a KeyboardInterrupt
+    # raised inside a finalizer is printed and swallowed, and the watch would go on. A second
+    # Ctrl-C raises at once (a refresh stuck on a slow file system).
+    interrupts: list[int] = []
+
+    def interrupted(signum: int, frame: Any) -> None:
+        if interrupts:
+            raise KeyboardInterrupt
+        interrupts.append(signum)
+
+    def wait_or_stop() -> bool:
+        """Wait for the next refresh; True once Ctrl-C was pressed."""
+        deadline = time.monotonic() + args.interval
+        while not interrupts and (left := deadline - time.monotonic()) > 0:
+            time.sleep(min(left, 0.05))
+        return bool(interrupts)
+
+    previous = signal.signal(signal.SIGINT, interrupted)
     try:
         if not console.is_terminal:  # a pipe or a file: one table after another
             table = status_table(view)
             while True:
                 console.print(table)
                 sys.stdout.flush()
-                time.sleep(args.interval)
+                if wait_or_stop():
+                    return 0
                 table = refreshed()
         with Live(status_table(view), console=console, auto_refresh=False) as live:
-            while True:
-                time.sleep(args.interval)
+            while not wait_or_stop():
                 live.update(refreshed(), refresh=True)
+        return 0
     except KeyboardInterrupt:
         return 0  # the way out of --watch
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _write_html(path: str, page: str) -> None:
