@@ -7,6 +7,9 @@ discarded and the step runs again without the failing record. What this shows is
 cost grows with the key's failures: the invocations per record (a count, the same on every run)
 and the CPU time per record against the run without failures.
 
+Its last line does the same for timers: one key's timers due in one step, every other one failing
+(in process_timer), at two sizes, and the smaller with every failure starting the step over.
+
 `python -m bench.failures [--quick]` (results in bench/results/failures.json).
 """
 
@@ -65,6 +68,38 @@ class TimersFailEvery(FailEvery):
         super().process_record(ctx, record)
 
 
+class OddTimersFail(Computation):
+    """Each record sets a timer numbered by its value; the firings of odd-numbered timers fail."""
+
+    def __init__(self) -> None:
+        self.invocations = 0  # firings
+
+    def process_record(self, ctx, record):
+        ctx.set_timer(f"t{record.value}", record.timestamp)
+
+    def process_timer(self, ctx, timer):
+        self.invocations += 1
+        if int(timer.tag[1:]) % 2:
+            raise ValueError(f"refused {timer.tag}")
+        ctx.produce(Record(ctx.key, timer.tag, timer.time), "out")
+
+
+def timer_step(timers: int) -> dict:
+    """One key's `timers` timers (set in a first step, not timed) fired in one step, every other one
+    failing: its firings and CPU per timer."""
+    computation = OddTimersFail()
+    pipeline = Pipeline("failures").add_injector("src", ScriptedInjector("src", []), "in")
+    pipeline.add_computation("c", computation, ["in"], ["out"], on_error="dead_letter")
+    executor = KeyGroupExecutor(plan_computation(pipeline, "c", key_groups=1), MemoryKeyStore())
+    executor.step([Delivery("hot", "in", Record("hot", n, n, f"r{n}"), 0, True) for n in range(timers)],
+                  [Segment(-1, -1)], 0)
+    started = time.process_time()
+    result = executor.step([], [Segment(-1, timers)], 0)
+    cpu_s = time.process_time() - started
+    assert result.metrics.dead_letters == timers // 2 and result.metrics.timers_fired == timers - timers // 2
+    return {"timers": timers, "firings": computation.invocations, "cpu_us_per_timer": round(cpu_s / timers * 1e6, 2)}
+
+
 def one_step(records: int, every: int, computation: Computation | None = None) -> dict:
     computation = computation or FailEvery(every)
     pipeline = Pipeline("failures").add_injector("src", ScriptedInjector("src", []), "in")
@@ -115,7 +150,21 @@ def main(quick: bool) -> dict:
     print(f"every 10th failing, a pending timer per record: {per_record[sizes[0]]:.2f} us CPU per record at "
           f"{sizes[0]:,} records, {per_record[sizes[1]]:.2f} at {sizes[1]:,} "
           f"({growth}x per record at 4x the records)")
-    return {"records_of_the_key": records, "runs": runs,
+    # Every other timer failing: firings and CPU per timer at 4x the timers against 1x, with
+    # checkpoints; and the smaller starting the step over at each failure (CHECKPOINT_RECORDS = 0).
+    small, large = records // 10, records // 10 * 4
+    timed = {"checkpoints": timer_step(small), "checkpoints at 4x": timer_step(large)}
+    saved, executor.CHECKPOINT_RECORDS = executor.CHECKPOINT_RECORDS, 0
+    try:
+        timed["starting over"] = timer_step(small)
+    finally:
+        executor.CHECKPOINT_RECORDS = saved
+    print(f"every other timer failing: {timed['checkpoints']['firings'] / small:.2f} firings and "
+          f"{timed['checkpoints']['cpu_us_per_timer']:.2f} us CPU per timer at {small:,} timers, "
+          f"{timed['checkpoints at 4x']['firings'] / large:.2f} and {timed['checkpoints at 4x']['cpu_us_per_timer']:.2f} "
+          f"at {large:,}; starting over at each failure {timed['starting over']['firings'] / small:.2f} and "
+          f"{timed['starting over']['cpu_us_per_timer']:.2f} at {small:,}")
+    return {"records_of_the_key": records, "runs": runs, "every_other_timer_failing": timed,
             "one_failure_growing_state_us_per_record": best, "checkpoints_vs_starting_over": ratio,
             "failing_every_10_pending_timers_us_per_record": {str(size): us for size, us in per_record.items()},
             "failing_every_10_pending_timers_growth_at_4x": growth}

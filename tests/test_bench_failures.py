@@ -5,7 +5,7 @@ counted here by a plain-Python replay of that rule, and of the rule before check
 
 import pytest
 
-from bench.failures import one_step
+from bench.failures import one_step, timer_step
 from millstream.core import executor
 
 
@@ -66,3 +66,13 @@ def test_the_benchmark_counts_the_invocations_the_rule_makes(every, monkeypatch)
     run = one_step(300, every)
     assert run["invocations"] == invocations_without_checkpoints(300, every)
     assert run["dead_letters"] == (300 // every if every else 0)
+
+
+@pytest.mark.parametrize("timers", [2, 40, 301])
+def test_failing_timers_fire_as_the_rule_for_records_delivers(timers, monkeypatch):
+    """Due timers in (time, tag) order are positions as records are: every other one failing, the
+    step's firings are the invocations the records' rule makes for every second record failing."""
+    monkeypatch.setattr(executor, "CHECKPOINT_COPY_SHARE", None)
+    assert timer_step(timers)["firings"] == invocations_with_checkpoints(timers, 2, executor.CHECKPOINT_RECORDS)
+    monkeypatch.setattr(executor, "CHECKPOINT_RECORDS", 0)
+    assert timer_step(timers)["firings"] == invocations_without_checkpoints(timers, 2)

@@ -1020,6 +1020,109 @@ def test_a_key_failing_often_costs_invocations_linear_in_its_records():
     assert computation.invocations <= 3 * records, computation.invocations
 
 
+class FailingTimers(Computation):
+    """Each record sets a timer; the firing of every timer whose number is odd fails after producing.
+    Counts the firings."""
+
+    def __init__(self) -> None:
+        self.firings = 0
+
+    def process_record(self, ctx, record):
+        ctx.set_timer(f"t{record.value}", record.timestamp + 1)
+
+    def process_timer(self, ctx, timer):
+        self.firings += 1
+        ctx.produce(Record(ctx.key, timer.tag, timer.time), "out")
+        if int(timer.tag[1:]) % 2:
+            raise ValueError(f"timer {timer.tag}")
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_a_key_s_failing_timers_cost_firings_linear_in_its_timers(batched):
+    """600 timers of one key due in one step, every other one failing under dead_letter: each
+    failing timer is dead-lettered once and leaves no production, each other one produces once,
+    and the firings stay linear (a step started over per failure fires ~90,000 times). The same
+    under the per-key batch hook, whose records go to user code a point at a time."""
+
+    class Batched(FailingTimers):
+        def process_records(self, ctx, records):
+            for record in records:
+                self.process_record(ctx, record)
+
+    computation = Batched() if batched else FailingTimers()
+    ex = make_executor(computation, on_error="dead_letter")
+    timers = 600
+    step(ex, [deliver("k", n, 10 * n, f"r{n}") for n in range(timers)], 0, 0)
+    result = step(ex, [], 10 * timers + 10, 0)
+    letters = [ex.plan.output_codecs["dead_letters"].decode(p.value) for p in result.productions
+               if p.stream == "dead_letters"]
+    produced = [ex.plan.output_codecs["out"].decode(p.value) for p in result.productions if p.stream == "out"]
+    assert sorted(letter["timer"]["tag"] for letter in letters) == sorted(f"t{n}" for n in range(1, timers, 2))
+    assert produced == [f"t{n}" for n in range(0, timers, 2)]  # in time order, each once
+    assert result.metrics.dead_letters == timers // 2 and result.metrics.timers_fired == timers // 2
+    assert pending(ex) == (None, None)
+    assert computation.firings <= 3 * timers, computation.firings
+
+
+class TimerChains(Computation):
+    """Deterministic per timer (its tag and the key's count): a firing adds to a count and a map,
+    produces, may set a later timer (a chain), delete another, hold, and fails for some tags after
+    doing part of it (which must leave no trace)."""
+
+    count = ValueState("count", default=0)
+    seen = MapState("seen")
+
+    def process_record(self, ctx, record):
+        for n in record.value:
+            ctx.set_timer(f"t{n}", record.timestamp + n % 7, hold=record.timestamp if n % 5 == 0 else None)
+
+    def process_timer(self, ctx, timer):
+        n = int(timer.tag[1:])
+        count = ctx.state(self.count)
+        count.set(count.get() + 1)
+        ctx.state(self.seen).put(timer.tag, count.get())
+        ctx.produce(Record(ctx.key, [timer.tag, count.get()], timer.time), "out")
+        if n % 4 == 1 and n < 400:
+            ctx.set_timer(f"t{n * 3 + 1}", timer.time + 2)  # a chain, fired in the same step
+        if n % 6 == 2:
+            ctx.delete_timer(f"t{n + 1}")
+        if (n * 7919) % 11 < 3:
+            raise ValueError(f"timer {timer.tag}")
+
+
+def _timer_chain_steps(seed: int, checkpoint_records: int, monkeypatch) -> list:
+    from millstream.core import executor as executor_module
+
+    monkeypatch.setattr(executor_module, "CHECKPOINT_RECORDS", checkpoint_records)
+    rng = random.Random(seed)
+    ex = make_executor(TimerChains(), on_error="dead_letter")
+    outcome = []
+    for s in range(3):
+        points = rng.randrange(1, 3)
+        segments = [Segment(100 * (2 * s + j), 100 * (2 * s + j) + 80) for j in range(points)]
+        deliveries = [Delivery(f"k{n % 2}", "in", Record(f"k{n % 2}", rng.sample(range(60), rng.randrange(1, 12)),
+                                                         100 * (2 * s + j) + rng.randrange(80), f"r{s}-{j}-{n}"), j, True)
+                      for j in range(points) for n in range(rng.randrange(1, 8))]
+        result = ex.step(deliveries, segments, 0)
+        outcome.append(([tuple(p) for p in result.productions], result.metrics.as_dict(), result.holds))
+        outcome.append({key: ex.store.load([key]).get(key) for key in ("k0", "k1")})
+    return outcome
+
+
+def test_timer_checkpoints_change_no_outcome_of_failing_steps(monkeypatch):
+    """Timers that fail among timers that chain, delete others and hold: the same productions, dead
+    letters, metrics, holds and stored state with checkpoints between firings as with every failure
+    starting the key's step over (CHECKPOINT_RECORDS 0, the rule before them)."""
+    from millstream.core import executor as executor_module
+
+    monkeypatch.setattr(executor_module, "CHECKPOINT_COPY_SHARE", None)
+    differing = [(seed, every) for seed in range(40) for every in (1, 2, 5, 16)
+                 if _timer_chain_steps(seed, 0, monkeypatch) != _timer_chain_steps(seed, every, monkeypatch)]
+    assert not differing
+    assert any(letters for letters in (_timer_chain_steps(seed, 1, monkeypatch)[0][1]["dead_letters"]
+                                       for seed in range(5)))  # failures did happen
+
+
 @pytest.mark.parametrize("points", [1, 3])
 def test_code_that_fails_at_random_loses_and_repeats_nothing(points, monkeypatch):
     """User code that fails differently on every run (not deterministic), over several input points,

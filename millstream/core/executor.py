@@ -21,9 +21,9 @@ Errors in user code follow the computation's policy: `fail` raises ComputationFa
 computation, stream, key and record with the user's traceback; `dead_letter` rolls the key back to
 the start of the step, publishes a dead letter for the failing record or timer, and runs the key's
 step again without it, so the failed invocation leaves no trace. That run, and any after it, keeps a
-checkpoint of the key every CHECKPOINT_RECORDS records: a later failing record rolls the key back to
-the last checkpoint only and replays the records since, so a key's failures cost invocations linear
-in its records, not quadratic.
+checkpoint of the key every CHECKPOINT_RECORDS records or timer firings: a later failing record or
+timer rolls the key back to the last checkpoint only and replays the invocations since, so a key's
+failures cost invocations linear in its records and timers, not quadratic.
 """
 
 from __future__ import annotations
@@ -160,6 +160,16 @@ class _Checkpoint(NamedTuple):
     set_at: dict[str, int]
     timer_changes: int
     hold_changes: list[tuple[int, int | None]]
+    firings: int  # _KeyStep.firings
+    timers_skipped: int  # len(_KeyStep.timers_skipped)
+
+
+class _DueRest(NamedTuple):
+    """Due timers not fired yet when firing stopped at a limit (_KeyStep.fire_timers), in firing
+    order: valid while the key's timers are as then (the context's timer_changes is `version`)."""
+
+    due: list[tuple[int, str]]  # (time, tag)
+    version: int
 
 
 class _StateFlushFailed(Exception):
@@ -458,6 +468,18 @@ def timer_setter(cause: str) -> str:
     return xxhash.xxh3_64_hexdigest(cause.encode())
 
 
+def _next_interval(interval: int, failed: bool, started: float, copied: float, done: int) -> int:
+    """The invocations (records or firings) before the next checkpoint, after a run of `done` of them
+    whose checkpoint was taken from `started` to `copied` (perf_counter): long enough that a
+    checkpoint costs at most CHECKPOINT_COPY_SHARE of the invocations' time (a large state is copied
+    seldom), doubling up to MAX_CHECKPOINT_RECORDS while none fails."""
+    floor = CHECKPOINT_RECORDS
+    if CHECKPOINT_COPY_SHARE and done:
+        per_invocation = (time.perf_counter() - copied) / done
+        floor = max(floor, int((copied - started) / (CHECKPOINT_COPY_SHARE * per_invocation or 1e-9)))
+    return floor if failed else max(floor, min(2 * interval, MAX_CHECKPOINT_RECORDS))
+
+
 class _KeyStep:
     """One key through one step (see the module doc). Raises _UserFailure when user code fails."""
 
@@ -479,6 +501,9 @@ class _KeyStep:
         # only between flushes; nor under the batch hook: a call takes a point's records at once.)
         self.on_failure = on_failure if (on_failure is not None and CHECKPOINT_RECORDS and not flush_each
                                          and not executor.plan.batched) else None
+        # The same for timers (fire), under the batch hook too: a firing is one timer.
+        self.on_timer_failure = on_failure if (on_failure is not None and CHECKPOINT_RECORDS
+                                               and not flush_each) else None
         self.seen: dict[str, int] = {}  # ids of injected records this step, with their marks
         self.seen_before = executor.store.seen_ids(key)  # the key's ids of earlier steps
         self.ctx = _Invocation(self.plan, self.state, key, wall_time, self.out, segments)
@@ -487,8 +512,10 @@ class _KeyStep:
         self.firings = 0
         self.timers_before = len(self.state.timers)
         self.hold_before = self.state.hold() if self.state.holds else None
-        # Timers that failed in an earlier run, met in this one (fire() adds only where skip_timers holds any).
-        self.timers_skipped: list[tuple[str, int, str]] = [] if skip_timers else _NO_TIMERS_MET
+        # Timers that failed in an earlier run, met in this one (fire() adds only where skip_timers holds any,
+        # or may come to: on_timer_failure adds to it).
+        self.timers_skipped: list[tuple[str, int, str]] = \
+            [] if skip_timers or self.on_timer_failure is not None else _NO_TIMERS_MET
 
     def run(self, items: Sequence[Delivery]) -> None:
         """The key's deliveries in input order. A delivery is known by its position in `items` (the
@@ -601,13 +628,7 @@ class _KeyStep:
                     for delivery in items[position:end]:  # code may have changed a value it read in place
                         delivery.record.decode_again()
                     failed = True
-            # The next run: long enough that its checkpoint costs at most CHECKPOINT_COPY_SHARE of the
-            # records' time (a large state is copied seldom), doubling while no record fails.
-            floor = CHECKPOINT_RECORDS
-            if CHECKPOINT_COPY_SHARE:
-                per_record = (time.perf_counter() - copied) / (end - position)
-                floor = max(floor, int((copied - started) / (CHECKPOINT_COPY_SHARE * per_record or 1e-9)))
-            interval = floor if failed else max(floor, min(2 * interval, MAX_CHECKPOINT_RECORDS))
+            interval = _next_interval(interval, failed, started, copied, end - position)
             position = end
 
     def checkpoint(self) -> _Checkpoint | None:
@@ -619,7 +640,8 @@ class _KeyStep:
         self.ctx.follow_timers()  # the checkpoint may have put the timers in a journaled dict
         metrics = StepMetrics()
         metrics.add(self.metrics)
-        return _Checkpoint(state, len(self.out), len(self.seen), metrics, *self.ctx.position())
+        return _Checkpoint(state, len(self.out), len(self.seen), metrics, *self.ctx.position(), self.firings,
+                           len(self.timers_skipped))
 
     def restore(self, checkpoint: _Checkpoint) -> None:
         """The key's step as it was at `checkpoint` (between two invocations: no timer fires meanwhile),
@@ -635,6 +657,8 @@ class _KeyStep:
             seen.popitem()
         self.metrics = StepMetrics()
         self.metrics.add(checkpoint.metrics)
+        self.firings = checkpoint.firings
+        del self.timers_skipped[checkpoint.timers_skipped:]
 
     def deliver_batch(self, admitted: list[Delivery], items: Sequence[Delivery], j: int, first: int) -> None:
         """process_records: the key's admitted records of input point j in one call (`items`, from
@@ -654,11 +678,52 @@ class _KeyStep:
         """Fire the key's timers due by `low_watermark` (and by the wall clock, with `wall`), each
         at the input point it belongs to (timer_point), in (point, time, tag) order.
 
+        In a run after a failure (dead_letter policy), firings go in runs with a checkpoint before
+        each, as records do (deliver_with_checkpoints): a timer that fails is handed to
+        on_timer_failure (which skips it from then on), the key is rolled back to the checkpoint and
+        the firings since are made again up to the failed one. Firing stops between two timers and
+        goes on in the same order, from the rest of the sorted due timers (not sorted again: a key
+        with many failing timers would sort them all once per failure)."""
+        if self.on_timer_failure is None:
+            self.fire_timers(low_watermark, boundary, wall)
+            return
+        rest = self.fire_timers(low_watermark, boundary, wall, 0)  # sorted, none fired
+        if rest is None:  # nothing due: no checkpoint (a copy of the key's state)
+            return
+        interval = CHECKPOINT_RECORDS
+        while True:
+            started = time.perf_counter()
+            checkpoint = self.checkpoint()
+            copied = time.perf_counter()
+            first, rest_at_checkpoint = self.firings, rest
+            try:
+                rest = self.fire_timers(low_watermark, boundary, wall, interval, rest)
+            except _UserFailure as failure:
+                if checkpoint is None:  # the state is not plain data: the step starts over instead
+                    raise
+                replay = self.firings - first  # the firings up to the failed one, skipped from now on
+                self.restore(checkpoint)
+                self.on_timer_failure(failure)
+                # Made again without a checkpoint: code that fails anew on the way back (it is not
+                # deterministic) makes the step start over, as for records.
+                rest = self.fire_timers(low_watermark, boundary, wall, replay, rest_at_checkpoint)
+                interval = CHECKPOINT_RECORDS
+                continue
+            if rest is None:
+                return
+            interval = _next_interval(interval, False, started, copied, self.firings - first)
+
+    def fire_timers(self, low_watermark: int, boundary: int, wall: bool = False, limit: int | None = None,
+                    rest: "_DueRest | None" = None) -> "_DueRest | None":
+        """fire() without checkpoints; with `limit`, at most that many firings (those skipped
+        included). None once no timer is due; if it stopped at the limit, the due timers not fired
+        yet, in order, which a call with `rest` goes on from (if the key's timers are as then).
+
         The due timers are sorted once; the order is taken again only when user code changed the
         key's timers (set, deleted, cleared) while they fire."""
         state = self.state
         if not state.timers:
-            return
+            return None
         ctx, plan, segments = self.ctx, self.plan, self.segments
         process_timer = plan.computation.process_timer
         skip = self.skip_timers
@@ -673,21 +738,28 @@ class _KeyStep:
         ctx._stream, ctx._late, ctx._after = None, False, True
         current = -1
         fired = self.firings
+        # One comparison per firing for both bounds: the limit, and the runaway guard.
+        bound = MAX_TIMER_FIRINGS_PER_STEP if limit is None else min(MAX_TIMER_FIRINGS_PER_STEP, fired + limit)
         skipped = 0  # firings dead-lettered in an earlier run of this step: not counted
         try:
             while True:
                 timers = state.timers
-                due = sorted([(timer[0], tag) for tag, timer in timers.items()
-                              if timer[0] <= (wall_time if timer[1] else
-                                              keyed_at.get(timer[3], BEGINNING_OF_TIME) if timer[3] else lw)])
-                if not due:
-                    return
-                if not single:  # as if the points came one at a time: a point's timers before a later one's
-                    due.sort(key=lambda due_timer: (self.point_of(due_timer[1], timers[due_timer[1]], boundary),
-                                                    due_timer))
-                version = ctx.timer_changes
+                if rest is not None and rest.version == ctx.timer_changes:
+                    due, rest = rest.due, None
+                else:
+                    due = sorted([(timer[0], tag) for tag, timer in timers.items()
+                                  if timer[0] <= (wall_time if timer[1] else
+                                                  keyed_at.get(timer[3], BEGINNING_OF_TIME) if timer[3] else lw)])
+                    if not due:
+                        return None
+                    if not single:  # as if the points came one at a time: a point's timers before a later one's
+                        due.sort(key=lambda due_timer: (self.point_of(due_timer[1], timers[due_timer[1]], boundary),
+                                                        due_timer))
+                version, sorted_at = ctx.timer_changes, fired
                 for _, tag in due:
-                    if fired >= MAX_TIMER_FIRINGS_PER_STEP:
+                    if fired >= bound:
+                        if fired < MAX_TIMER_FIRINGS_PER_STEP:  # the limit
+                            return _DueRest(due[fired - sorted_at:], version)
                         raise ComputationError(
                             f"computation {plan.name!r}, key {key!r}: more than {MAX_TIMER_FIRINGS_PER_STEP} "
                             "timers fired in one step; a timer that re-sets itself at or behind the low "
@@ -723,7 +795,7 @@ class _KeyStep:
                     if ctx.timer_changes != version:
                         break  # user code changed the key's timers: take the order again
                 else:
-                    return
+                    return None
         finally:
             self.metrics.timers_fired += fired - self.firings - skipped
             self.firings = fired
