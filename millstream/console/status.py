@@ -26,6 +26,7 @@ from typing import Any, Sequence
 
 from millstream.console.options import UsageError
 from millstream.core.plan import producer_of
+from millstream.core.watermarks import declared_keyed
 from millstream.model.records import BEGINNING_OF_TIME, END_OF_TIME
 from millstream.spark.rootfiles import LAYOUT_FILE, latest_status, read_status_history
 
@@ -118,7 +119,7 @@ def read_root(root: str, with_history: bool = True) -> RootView:
             duplicates=metrics.get("duplicates", 0), dead_letters=metrics.get("dead_letters", 0),
             # No status yet: nothing ran, nothing pending. A status without the counter: not recorded.
             pending_timers=metrics.get("pending_timers") if status else 0, idle_inputs=list(status.get("idle_inputs", [])),
-            keyed_watermarks=dict(status.get("keyed_watermarks", {})), hold=status.get("hold"))
+            keyed_watermarks=declared_keyed(status.get("keyed_watermarks", {})), hold=status.get("hold"))
         for sender, position in status.get("positions", {}).items():
             producer = producer_of(sender)
             if producer in heads:

@@ -68,6 +68,7 @@ from __future__ import annotations
 
 from typing import Iterable, Mapping, NamedTuple, Sequence
 
+from millstream.model.pipeline import UNHELD_WATERMARK_KEY
 from millstream.model.records import BEGINNING_OF_TIME
 
 
@@ -234,10 +235,35 @@ class WatermarkCoalescer:
         return self._coalesced
 
 
+def skew_watermark(low_watermark: int, keyed_watermarks: Mapping[str, int]) -> int:
+    """What the skew limit (too_far_ahead) compares with for a computation downstream of an
+    injector: its *unheld* watermark, the keyed watermark UNHELD_WATERMARK_KEY that every injector
+    carries as its own low watermark while a skew limit is set, and that computations forward as
+    every keyed watermark, never held. It is the low watermark the computation would publish if no
+    timer held: how far it has processed its input. Compared with the published (held) watermark,
+    a hold further behind than the limit would stop the very input its timer waits for, and the
+    pipeline would stall. Before the computation has published it (a root that ran without a skew
+    limit), its low watermark.
+
+    >>> skew_watermark(1_000, {"~unheld": 9_000}), skew_watermark(1_000, {})
+    (9000, 1000)
+    """
+    return keyed_watermarks.get(UNHELD_WATERMARK_KEY, low_watermark)
+
+
+def declared_keyed(keyed_watermarks: Mapping[str, int]) -> dict[str, int]:
+    """The keyed watermarks users declared, for display: the unheld one (skew_watermark) left out.
+
+    >>> declared_keyed({"ship": 5, "~unheld": 9})
+    {'ship': 5}
+    """
+    return {key: mark for key, mark in keyed_watermarks.items() if key != UNHELD_WATERMARK_KEY}
+
+
 def too_far_ahead(injector_watermark: int, downstream_watermarks: Iterable[int], max_skew_ms: int | None,
                   started_at: int = BEGINNING_OF_TIME) -> bool:
     """The skew limit: an injector stops reading while a computation downstream of it has published
-    a low watermark more than `max_skew_ms` behind the injector's. A computation that has published
+    a low watermark (its skew_watermark) more than `max_skew_ms` behind the injector's. A computation that has published
     nothing yet (or only the beginning of time) counts as being where the injector started this run,
     `started_at`: so while the stages behind are starting, the injector reads at most up to the
     limit and one read past it, not as far as it likes.

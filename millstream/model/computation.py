@@ -87,9 +87,8 @@ class Context(Protocol):
         not late downstream (for records kept in state and produced later, as on a retry). Setting
         the timer again without `hold` releases it; so do firing and deleting it, and `clear()`.
         The fired `Timer` carries its hold (`timer.hold`), as do the harness's `pending_timers`.
-        Keyed watermarks are not held. With an injector's `max_skew_ms`, a low-watermark timer must
-        not hold further behind its own time than that: the skew limit would stop the input the
-        timer waits for."""
+        Keyed watermarks are not held, and an injector's skew limit (`max_skew_ms`) does not count
+        holds: a hold however far behind does not stop the input its timer waits for."""
         ...
 
     def delete_timer(self, tag: str) -> None:

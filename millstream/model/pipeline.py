@@ -45,6 +45,11 @@ _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
 DEFAULT_DEDUP_HORIZON_MS = 10 * 60 * 1000
 
 DEAD_LETTERS = "dead_letters"
+# The keyed watermark every injector carries, as its own low watermark, when any injector has a skew
+# limit: computations forward it as keyed watermarks are forwarded, never held by a timer's hold, so
+# it tells how far each computation has processed its input; the skew limit compares with it
+# (core/watermarks.py: skew_watermark). Not a valid user key name (_NAME), so it meets none.
+UNHELD_WATERMARK_KEY = "~unheld"
 """The stream every computation produces dead letters to (reserved name)."""
 
 FILE_SINK_FORMATS = ("jsonl", "parquet")
@@ -188,7 +193,9 @@ class Pipeline:
         while a computation downstream of this injector has published a low watermark more than this
         far behind the injector's own. What waits for a watermark (windows, join buffers) then stays
         bounded when a stage or another input lags (MillWheel section 9.4's remedy for skew). The
-        watermark compared is the published one, holds included (`ctx.set_timer(..., hold=)`)."""
+        watermark compared leaves timers' holds out (`ctx.set_timer(..., hold=)`): it is how far
+        the computation has processed its input, so a hold never stops the input its timer waits
+        for."""
         self._check_new_node(name)
         self._check_user_stream(stream, f"injector {name!r}")
         if not isinstance(injector, Injector):
@@ -349,7 +356,8 @@ class Pipeline:
         (('ship',), ('ship',))
         """
         if producer in self.injectors:
-            return tuple(self.injectors[producer].injector.watermark_keys)
+            own = tuple(self.injectors[producer].injector.watermark_keys)
+            return (*own, UNHELD_WATERMARK_KEY) if self.skew_limited() else own
         found: set[str] = set()
         for stream in self.computations[producer].inputs:
             if stream != DEAD_LETTERS:
@@ -359,6 +367,10 @@ class Pipeline:
 
     def consumers(self, stream: str) -> list[str]:
         return sorted(n.name for n in self.computations.values() if stream in n.inputs)
+
+    def skew_limited(self) -> bool:
+        """Whether any injector has a skew limit: then every injector carries UNHELD_WATERMARK_KEY."""
+        return any(node.max_skew_ms is not None for node in self.injectors.values())
 
     def downstream(self, stream: str) -> list[str]:
         """Every computation that reads `stream`, directly or through other computations."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from millstream.core.plan import producer_of
+from millstream.core.watermarks import declared_keyed
 from millstream.model.records import BEGINNING_OF_TIME, END_OF_TIME
 from millstream.spark.rootfiles import latest_status
 from millstream.spark.storage import Storage
@@ -75,7 +76,7 @@ def read_progress(storage: Storage, computations: list[str], injectors: set[str]
             batches=status.get("batch", -1) + 1,
             wall_ms=status.get("wall_ms", 0),
             next_wall_timer=status.get("next_wall_timer"),
-            keyed_watermarks=status.get("keyed_watermarks", {}),
+            keyed_watermarks=declared_keyed(status.get("keyed_watermarks", {})),
         )
         watermarks: dict[str, int] = {}
         for sender, watermark in status.get("senders", {}).items():

@@ -34,10 +34,10 @@ from millstream.core.executor import ComputationFailed, key_or_dead_letter
 from millstream.core.garbage import bulk_work
 from millstream.core.plan import ComputationPlan, InputPlan, SenderPlan, key_group
 from millstream.core.production import Produced
-from millstream.core.watermarks import Segment, WatermarkCoalescer, published_keyed, too_far_ahead
+from millstream.core.watermarks import Segment, WatermarkCoalescer, published_keyed, skew_watermark, too_far_ahead
 from millstream.model.codecs import CodecError
 from millstream.model.injector import Injector, InjectorError, Malformed, check_injected
-from millstream.model.pipeline import ErrorPolicy
+from millstream.model.pipeline import UNHELD_WATERMARK_KEY, ErrorPolicy
 from millstream.model.records import BEGINNING_OF_TIME, END_OF_TIME, Record
 from millstream.spark.bundles import BUNDLE_RECORDS, FeedItem, pack_deliveries, pack_productions
 from millstream.spark.errors import report_failure
@@ -138,9 +138,12 @@ def _point(point: Segment, sender: str | None, **where: Any) -> dict[str, Any]:
             "keyed": [list(k) for k in point.keyed], **where}
 
 
-def _injector_keyed(sender: Sender, offset: Any, known: dict[str, int]) -> dict[str, int]:
-    """An injector partition's keyed watermarks at `offset`, never below what it published before."""
+def _injector_keyed(sender: Sender, offset: Any, known: dict[str, int], watermark: int) -> dict[str, int]:
+    """An injector partition's keyed watermarks at `offset` (where its low watermark is `watermark`),
+    never below what it published before."""
     published = sender.injector.keyed_watermarks(sender.plan.partition, offset)  # type: ignore[union-attr,arg-type]
+    if UNHELD_WATERMARK_KEY in sender.plan.watermark_keys:  # its own watermark (watermarks.skew_watermark)
+        published = {**published, UNHELD_WATERMARK_KEY: watermark}
     return published_keyed(sender.plan.watermark_keys, published, known)
 
 
@@ -174,7 +177,7 @@ def initial_offset(plan: SourcePlan) -> dict[str, Any]:
             watermark = sender.injector.low_watermark(partition, offset)  # type: ignore[arg-type]
             senders[sender.plan.name] = {"offset": offset, "watermark": watermark, "started_at": watermark,
                                          "active_ms": int(time.time() * 1000),
-                                         "keyed": _injector_keyed(sender, offset, {})}
+                                         "keyed": _injector_keyed(sender, offset, {}, watermark)}
         else:
             senders[sender.plan.name] = {"position": plan.start_positions.get(sender.plan.name, -1),
                                          "watermark": BEGINNING_OF_TIME, "keyed": {}}
@@ -197,13 +200,14 @@ def plan_next_batch(plan: SourcePlan, start: dict[str, Any], wall_timer_due: boo
     batch_cap = plan.batch_cap
     records_cap = batch_cap if isinstance(batch_cap, int) else batch_cap.next_cap(start.get("cap"), last)
     cap = max(1, records_cap // injector_partitions)
-    published: dict[str, int] = {}  # downstream computations' published low watermarks, read once
+    published: dict[str, int] = {}  # downstream computations' unheld watermarks (skew_watermark), read once
 
     def downstream_watermarks(names: tuple[str, ...]) -> list[int]:
         for name in names:
             if name not in published:
                 status = Storage(plan.root).read_json(latest_status(name)) or {}
-                published[name] = status.get("low_watermark", BEGINNING_OF_TIME)
+                published[name] = skew_watermark(status.get("low_watermark", BEGINNING_OF_TIME),
+                                                 status.get("keyed_watermarks", {}))
         return [published[n] for n in names]
 
     for sender in sorted(plan.senders, key=lambda s: s.plan.name):
@@ -216,7 +220,7 @@ def plan_next_batch(plan: SourcePlan, start: dict[str, Any], wall_timer_due: boo
                 continue  # the skew limit: wait for the stages behind to catch up
             end = sender.injector.latest_offset(partition, item["offset"], cap)  # type: ignore[arg-type]
             watermark = max(item["watermark"], sender.injector.low_watermark(partition, end))  # type: ignore[arg-type]
-            keyed = _injector_keyed(sender, end, item.get("keyed", {}))
+            keyed = _injector_keyed(sender, end, item.get("keyed", {}), watermark)
             if end == item["offset"] and watermark == item["watermark"] and keyed == item.get("keyed", keyed):
                 active = item.get("active_ms", now)
                 if sender.idle_after_ms is not None and not coalescer.is_idle(name) and \

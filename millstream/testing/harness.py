@@ -27,12 +27,13 @@ from millstream.core.executor import (ComputationFailed, Delivery, KeyGroupExecu
                                       key_or_dead_letter)
 from millstream.core.plan import ComputationPlan, check_whole, key_group, plan_computation, sender_name
 from millstream.core.store import MemoryKeyStore
-from millstream.core.watermarks import (Segment, WatermarkCoalescer, earliest_holds, output_keyed_watermarks,
-                                        output_watermarks, published_idle, published_keyed, too_far_ahead,
-                                        weak_hold_refused)
+from millstream.core.watermarks import (Segment, WatermarkCoalescer, declared_keyed, earliest_holds,
+                                        output_keyed_watermarks, output_watermarks, published_idle, published_keyed,
+                                        skew_watermark, too_far_ahead, weak_hold_refused)
 from millstream.model.codecs import Codec, CodecError
 from millstream.model.injector import Malformed, Offset, check_injected
-from millstream.model.pipeline import DEAD_LETTERS, ErrorPolicy, Pipeline, PipelineError, Production
+from millstream.model.pipeline import (DEAD_LETTERS, UNHELD_WATERMARK_KEY, ErrorPolicy, Pipeline, PipelineError,
+                                      Production)
 from millstream.model.records import BEGINNING_OF_TIME, Record, Timer, derive_record_id
 
 
@@ -107,7 +108,7 @@ class PipelineHarness:
         for name, node in pipeline.injectors.items():
             for partition in node.injector.partitions():
                 self._watermarks[(name, partition)] = BEGINNING_OF_TIME
-                self._keyed[(name, partition)] = {key: BEGINNING_OF_TIME for key in node.injector.watermark_keys}
+                self._keyed[(name, partition)] = {key: BEGINNING_OF_TIME for key in pipeline.watermark_keys(name)}
                 self._offsets[(name, partition)] = node.injector.initial_offset(partition)
         self._fed = {name: 0 for name in pipeline.injectors}
         # Injector partitions: the wall time they last moved, and whether they declared themselves idle.
@@ -172,7 +173,8 @@ class PipelineHarness:
         moved = False
         for name, node in self.pipeline.injectors.items():
             codec = self.pipeline.codec(node.stream)
-            downstream = [self._runs[c].output_watermark for c in self.pipeline.downstream(node.stream)]
+            downstream = [skew_watermark(self._runs[c].output_watermark, self._runs[c].output_keyed)
+                          for c in self.pipeline.downstream(node.stream)]
             for partition in node.injector.partitions():
                 # The harness's injectors start at the beginning of time.
                 if too_far_ahead(self._watermarks[(name, partition)], downstream, node.max_skew_ms, BEGINNING_OF_TIME):
@@ -250,8 +252,8 @@ class PipelineHarness:
         return self._run(computation).coalescer.coalesced
 
     def keyed_watermarks(self, computation: str) -> dict[str, int]:
-        """The computation's published (output) keyed watermarks."""
-        return dict(self._run(computation).output_keyed)
+        """The computation's published (output) keyed watermarks, those the injectors declare."""
+        return declared_keyed(self._run(computation).output_keyed)
 
     def watermark_history(self, computation: str) -> list[int]:
         return list(self._run(computation).watermark_history)
@@ -343,6 +345,9 @@ class PipelineHarness:
                           rejected: list[Produced], idle: bool = False) -> None:
         node = self.pipeline.injectors[injector]
         watermark = self._watermarks[(injector, partition)]
+        keyed = self._keyed[(injector, partition)]
+        if UNHELD_WATERMARK_KEY in keyed:  # the injector's own watermark (core/watermarks.py: skew_watermark)
+            keyed[UNHELD_WATERMARK_KEY] = watermark
         if not idle:
             self._active[(injector, partition)] = self.wall_time
             self._idle.discard((injector, partition))

@@ -44,3 +44,21 @@ def test_the_skew_limit_on_spark(spark, tmp_path):
     assert 0 < lead(limited) <= 2_000 + 300 * 10 < lead(unlimited) / 3, (lead(limited), lead(unlimited))
     assert sorted((r.key, tuple(r.value)) for r in limited.read_stream("windows")) == sorted(
         (r.key, tuple(r.value)) for r in unlimited.read_stream("windows"))
+
+
+def test_a_hold_further_behind_than_the_limit_does_not_stall_spark(spark, tmp_path):
+    """A session held at its first record for 30 s of input, under a 2 s skew limit: the source
+    compares with how far the stages behind have processed (their unheld watermark), so it reads on
+    to the end, the session closes once, and the judge downstream finds it on time."""
+    from test_skew_limit import GAP_MS, expected_sessions, session_pipeline
+
+    times = [1_000 * i for i in range(1, 31)]
+    pipeline = session_pipeline(2_000, [([Record("k", t, t)], t) for t in times])  # a step per read
+    runner = SparkRunner(pipeline, root=str(tmp_path / "root"), spark=spark)
+    runner.run(timeout=240)
+    assert [r.value for r in runner.read_stream("sessions")] == expected_sessions(times) == [[1_000, 30_000 + GAP_MS]]
+    assert [r.value[1] for r in runner.read_stream("judged")] == [False]
+    history = runner.watermark_history("session")
+    # held at the session's start while the input went on further than the limit past it
+    assert any(h["hold"] == 1_000 and h["low_watermark"] == 1_000 and h["input_watermark"] > 1_000 + 2_000
+               for h in history), history
