@@ -138,3 +138,29 @@ def test_the_limit_still_stops_the_injector_while_a_stage_behind_has_not_process
     # processed up to 1 s: reads at 1, 2 and 3 s past it are within the limit, the fourth is not
     assert rounds == [3, 3, 3]
     assert h.low_watermark("session") == 1_000  # held at the session's start all along
+
+
+def test_the_unheld_watermark_is_the_runners_own_not_user_code_s():
+    """The reserved key a skew limit adds (core/watermarks.py: skew_watermark) is not a watermark
+    key user code can read, set timers on or publish, and the messages that list keys leave it out."""
+    import pytest
+
+    from millstream.core.executor import ComputationFailed
+
+    class Reads(Computation):
+        def process_record(self, ctx, record):
+            if record.value == "read":
+                ctx.watermark("~unheld")
+            else:
+                ctx.set_timer("t", 10, watermark="~unheld")
+
+    for action in ("read", "timer"):
+        pipeline = (Pipeline("own").add_injector("src", ScriptedInjector("src", []), "in", max_skew_ms=1_000)
+                    .add_computation("reads", Reads(), ["in"], []))
+        h = PipelineHarness(pipeline)
+        h.feed("src", [Record("k", action, 5)], watermark=5)
+        with pytest.raises(ComputationFailed, match=r"'~unheld'.*carry: \[\]"):
+            h.run()
+        with pytest.raises(ValueError, match=r"its watermark_keys: \[\]"):
+            h.advance_watermark("src", 6, keyed={"~unheld": 6})
+        assert h.keyed_watermarks("reads") == {}

@@ -44,7 +44,7 @@ from millstream.core.plan import ComputationPlan, InputPlan, KeyExtractionError
 from millstream.core.store import KeyStore, StoredKey
 from millstream.core.watermarks import Segment, earliest_holds
 from millstream.model.codecs import CodecError
-from millstream.model.pipeline import DEAD_LETTERS, ErrorPolicy
+from millstream.model.pipeline import DEAD_LETTERS, UNHELD_WATERMARK_KEY, ErrorPolicy
 from millstream.model.records import BEGINNING_OF_TIME, END_OF_TIME, Record, TimeDomain, Timer, timestamp_problem
 from millstream.model.state import StateSpec
 
@@ -288,7 +288,7 @@ class _Invocation:
                                f"{sorted(i.stream for i in self._plan.inputs)}")
 
     def watermark(self, key: str) -> int:
-        if self._segments:
+        if self._segments and key != UNHELD_WATERMARK_KEY:  # the runners' own (plan.watermark_keys)
             for name, before, after in self._segments[self._segment].keyed:
                 if name == key:
                     return after if self._after else before

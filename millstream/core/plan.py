@@ -21,6 +21,7 @@ from millstream.model.codecs import DEFAULT_CODEC, Codec
 from millstream.model.computation import Computation
 from millstream.model.pipeline import (
     DEAD_LETTERS,
+    UNHELD_WATERMARK_KEY,
     ErrorPolicy,
     KeyExtractor,
     Pipeline,
@@ -182,8 +183,9 @@ class ComputationPlan:
 
     @property
     def watermark_keys(self) -> tuple[str, ...]:
-        """The keyed watermarks this computation's inputs carry (and it forwards)."""
-        return tuple(sorted(self.keyed_senders()))
+        """The keyed watermarks this computation's inputs carry (and it forwards) that user code may
+        name: the unheld one (UNHELD_WATERMARK_KEY, for the skew limit) is the runners' own."""
+        return tuple(sorted(key for key in self.keyed_senders() if key != UNHELD_WATERMARK_KEY))
 
     @cached_property
     def ttls(self) -> dict[str, int]:

@@ -235,20 +235,31 @@ class WatermarkCoalescer:
         return self._coalesced
 
 
-def skew_watermark(low_watermark: int, keyed_watermarks: Mapping[str, int]) -> int:
+def skew_watermark(low_watermark: int, keyed_watermarks: Mapping[str, int], published: bool = False) -> int | None:
     """What the skew limit (too_far_ahead) compares with for a computation downstream of an
     injector: its *unheld* watermark, the keyed watermark UNHELD_WATERMARK_KEY that every injector
     carries as its own low watermark while a skew limit is set, and that computations forward as
     every keyed watermark, never held. It is the low watermark the computation would publish if no
     timer held: how far it has processed its input. Compared with the published (held) watermark,
     a hold further behind than the limit would stop the very input its timer waits for, and the
-    pipeline would stall. Before the computation has published it (a root that ran without a skew
-    limit), its low watermark.
+    pipeline would stall.
 
-    >>> skew_watermark(1_000, {"~unheld": 9_000}), skew_watermark(1_000, {})
+    Never below the low watermark: a computation whose inputs do not all carry the key yet (a root
+    that ran before it, part way through its first batches) publishes it at the beginning of time.
+    None (not counted) for a computation that has `published` but not the key: a root that ran
+    before it, or without a skew limit, whose stages behind would otherwise be judged by watermarks
+    a hold may keep, and never run again to publish the key. Nothing published yet: its low watermark
+    (the beginning of time, which the limit reads as where the injector started).
+
+    >>> skew_watermark(1_000, {"~unheld": 9_000}), skew_watermark(1_000, {"~unheld": -(2**47)})
     (9000, 1000)
+    >>> skew_watermark(1_000, {}, published=True) is None, skew_watermark(-(2**47), {})
+    (True, -140737488355328)
     """
-    return keyed_watermarks.get(UNHELD_WATERMARK_KEY, low_watermark)
+    unheld = keyed_watermarks.get(UNHELD_WATERMARK_KEY)
+    if unheld is None:
+        return None if published else low_watermark
+    return max(low_watermark, unheld)
 
 
 def declared_keyed(keyed_watermarks: Mapping[str, int]) -> dict[str, int]:
@@ -260,13 +271,13 @@ def declared_keyed(keyed_watermarks: Mapping[str, int]) -> dict[str, int]:
     return {key: mark for key, mark in keyed_watermarks.items() if key != UNHELD_WATERMARK_KEY}
 
 
-def too_far_ahead(injector_watermark: int, downstream_watermarks: Iterable[int], max_skew_ms: int | None,
+def too_far_ahead(injector_watermark: int, downstream_watermarks: Iterable[int | None], max_skew_ms: int | None,
                   started_at: int = BEGINNING_OF_TIME) -> bool:
-    """The skew limit: an injector stops reading while a computation downstream of it has published
-    a low watermark (its skew_watermark) more than `max_skew_ms` behind the injector's. A computation that has published
-    nothing yet (or only the beginning of time) counts as being where the injector started this run,
-    `started_at`: so while the stages behind are starting, the injector reads at most up to the
-    limit and one read past it, not as far as it likes.
+    """The skew limit: an injector stops reading while a computation downstream of it is more than
+    `max_skew_ms` behind the injector's watermark, by its skew_watermark (None: not counted). A
+    computation that has published nothing yet (or only the beginning of time) counts as being where
+    the injector started this run, `started_at`: so while the stages behind are starting, the
+    injector reads at most up to the limit and one read past it, not as far as it likes.
 
     >>> too_far_ahead(10_000, [9_500, 2_000], max_skew_ms=5_000)
     True
@@ -282,7 +293,7 @@ def too_far_ahead(injector_watermark: int, downstream_watermarks: Iterable[int],
     """
     if max_skew_ms is None:
         return False
-    behind = [w if w > BEGINNING_OF_TIME else started_at for w in downstream_watermarks]
+    behind = [w if w > BEGINNING_OF_TIME else started_at for w in downstream_watermarks if w is not None]
     return bool(behind) and injector_watermark - min(behind) > max_skew_ms
 
 

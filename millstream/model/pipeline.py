@@ -192,10 +192,10 @@ class Pipeline:
         `max_skew_ms`: stop reading (nothing is lost or reordered: reading resumes where it paused)
         while a computation downstream of this injector has published a low watermark more than this
         far behind the injector's own. What waits for a watermark (windows, join buffers) then stays
-        bounded when a stage or another input lags (MillWheel section 9.4's remedy for skew). The
-        watermark compared leaves timers' holds out (`ctx.set_timer(..., hold=)`): it is how far
-        the computation has processed its input, so a hold never stops the input its timer waits
-        for."""
+        bounded when a stage or another input lags (MillWheel section 9.4's remedy for skew), unless
+        a timer's hold keeps it waiting. The watermark compared leaves holds out
+        (`ctx.set_timer(..., hold=)`): it is how far the computation has processed its input, so a
+        hold never stops the input its timer waits for."""
         self._check_new_node(name)
         self._check_user_stream(stream, f"injector {name!r}")
         if not isinstance(injector, Injector):

@@ -132,7 +132,8 @@ class Record(Generic[V]):
 
 
 class Timer(NamedTuple):
-    """A timer as delivered to `process_timer`: fires in (time, tag) order per key.
+    """A timer as delivered to `process_timer`: fires in (time, tag) order per key. Read its fields
+    by name: a field may be added (`hold` was), which changes what it unpacks into.
 
     >>> Timer(1_000, "flush")
     Timer(time=1000, tag='flush', domain=<TimeDomain.LOW_WATERMARK: 'low_watermark'>, watermark=None, hold=None)

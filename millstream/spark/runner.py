@@ -28,6 +28,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from millstream.core.plan import DEFAULT_KEY_GROUPS, ComputationPlan, plan_computation
+from millstream.core.watermarks import declared_keyed
 from millstream.model.locations import is_local, local_path
 from millstream.model.pipeline import ErrorPolicy, Pipeline, PipelineError, Production
 from millstream.model.records import Record
@@ -599,8 +600,14 @@ class SparkRunner:
 
     def watermark_history(self, computation: str) -> list[dict[str, int]]:
         """(batch, low_watermark, input_watermark, hold, wall_ms, ...) per published batch, oldest
-        first (hold: the earliest hold of the computation's timers after the batch, or None)."""
-        return read_status_history(self.storage, computation)
+        first (hold: the earliest hold of the computation's timers after the batch, or None; keyed
+        watermarks: those the injectors declare)."""
+        history = read_status_history(self.storage, computation)
+        for entry in history:
+            for field_name in ("keyed_watermarks", "keyed_input_watermarks"):
+                if field_name in entry:
+                    entry[field_name] = declared_keyed(entry[field_name])
+        return history
 
     def read_stream(self, stream: str) -> list[Record[Any]]:
         """Every published record of a stream produced by computations, decoded."""

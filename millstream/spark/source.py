@@ -200,14 +200,14 @@ def plan_next_batch(plan: SourcePlan, start: dict[str, Any], wall_timer_due: boo
     batch_cap = plan.batch_cap
     records_cap = batch_cap if isinstance(batch_cap, int) else batch_cap.next_cap(start.get("cap"), last)
     cap = max(1, records_cap // injector_partitions)
-    published: dict[str, int] = {}  # downstream computations' unheld watermarks (skew_watermark), read once
+    published: dict[str, int | None] = {}  # downstream computations' unheld watermarks (skew_watermark), read once
 
-    def downstream_watermarks(names: tuple[str, ...]) -> list[int]:
+    def downstream_watermarks(names: tuple[str, ...]) -> list[int | None]:
         for name in names:
             if name not in published:
                 status = Storage(plan.root).read_json(latest_status(name)) or {}
                 published[name] = skew_watermark(status.get("low_watermark", BEGINNING_OF_TIME),
-                                                 status.get("keyed_watermarks", {}))
+                                                 status.get("keyed_watermarks", {}), published=bool(status))
         return [published[n] for n in names]
 
     for sender in sorted(plan.senders, key=lambda s: s.plan.name):
@@ -220,8 +220,12 @@ def plan_next_batch(plan: SourcePlan, start: dict[str, Any], wall_timer_due: boo
                 continue  # the skew limit: wait for the stages behind to catch up
             end = sender.injector.latest_offset(partition, item["offset"], cap)  # type: ignore[arg-type]
             watermark = max(item["watermark"], sender.injector.low_watermark(partition, end))  # type: ignore[arg-type]
-            keyed = _injector_keyed(sender, end, item.get("keyed", {}), watermark)
-            if end == item["offset"] and watermark == item["watermark"] and keyed == item.get("keyed", keyed):
+            stored = item.get("keyed")
+            known = dict(stored or {})
+            if UNHELD_WATERMARK_KEY in sender.plan.watermark_keys and UNHELD_WATERMARK_KEY not in known:
+                known[UNHELD_WATERMARK_KEY] = item["watermark"]  # an offset written before the key: not a move
+            keyed = _injector_keyed(sender, end, known, watermark)
+            if end == item["offset"] and watermark == item["watermark"] and (stored is None or keyed == known):
                 active = item.get("active_ms", now)
                 if sender.idle_after_ms is not None and not coalescer.is_idle(name) and \
                         now - active >= sender.idle_after_ms:

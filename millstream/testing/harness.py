@@ -392,9 +392,9 @@ class PipelineHarness:
     def _set_keyed(self, injector: str, partition: str, keyed: dict[str, int]) -> None:
         current = self._keyed[(injector, partition)]
         for key, watermark in keyed.items():
-            if key not in current:
+            if key not in current or key == UNHELD_WATERMARK_KEY:
                 raise ValueError(f"injector {injector!r} publishes no watermark key {key!r}; its watermark_keys: "
-                                 f"{sorted(current)}")
+                                 f"{sorted(declared_keyed(current))}")
             if watermark < current[key]:
                 raise ValueError(f"injector {injector!r} keyed watermark {key!r} cannot go back from "
                                  f"{current[key]} to {watermark}")
