@@ -45,12 +45,13 @@ _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
 DEFAULT_DEDUP_HORIZON_MS = 10 * 60 * 1000
 
 DEAD_LETTERS = "dead_letters"
+"""The stream every computation produces dead letters to (reserved name)."""
+
 # The keyed watermark every injector carries, as its own low watermark, when any injector has a skew
 # limit: computations forward it as keyed watermarks are forwarded, never held by a timer's hold, so
 # it tells how far each computation has processed its input; the skew limit compares with it
 # (core/watermarks.py: skew_watermark). Not a valid user key name (_NAME), so it meets none.
 UNHELD_WATERMARK_KEY = "~unheld"
-"""The stream every computation produces dead letters to (reserved name)."""
 
 FILE_SINK_FORMATS = ("jsonl", "parquet")
 
