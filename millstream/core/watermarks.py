@@ -276,8 +276,10 @@ def too_far_ahead(injector_watermark: int, downstream_watermarks: Iterable[int |
     """The skew limit: an injector stops reading while a computation downstream of it is more than
     `max_skew_ms` behind the injector's watermark, by its skew_watermark (None: not counted). A
     computation that has published nothing yet (or only the beginning of time) counts as being where
-    the injector started this run, `started_at`: so while the stages behind are starting, the
-    injector reads at most up to the limit and one read past it, not as far as it likes.
+    the injector started, `started_at` (on Spark its watermark when the root first started, kept
+    across restarts; the harness's injectors start at the beginning of time): so while the stages
+    behind are starting, the injector reads at most up to the limit and one read past it, not as far
+    as it likes.
 
     >>> too_far_ahead(10_000, [9_500, 2_000], max_skew_ms=5_000)
     True
