@@ -88,9 +88,7 @@ def timer_step(timers: int) -> dict:
     """One key's `timers` timers (set in a first step, not timed) fired in one step, every other one
     failing: its firings and CPU per timer."""
     computation = OddTimersFail()
-    pipeline = Pipeline("failures").add_injector("src", ScriptedInjector("src", []), "in")
-    pipeline.add_computation("c", computation, ["in"], ["out"], on_error="dead_letter")
-    executor = KeyGroupExecutor(plan_computation(pipeline, "c", key_groups=1), MemoryKeyStore())
+    executor = key_group_executor(computation)
     executor.step([Delivery("hot", "in", Record("hot", n, n, f"r{n}"), 0, True) for n in range(timers)],
                   [Segment(-1, -1)], 0)
     started = time.process_time()
@@ -100,11 +98,16 @@ def timer_step(timers: int) -> dict:
     return {"timers": timers, "firings": computation.invocations, "cpu_us_per_timer": round(cpu_s / timers * 1e6, 2)}
 
 
-def one_step(records: int, every: int, computation: Computation | None = None) -> dict:
-    computation = computation or FailEvery(every)
+def key_group_executor(computation: Computation) -> KeyGroupExecutor:
+    """`computation` under the dead_letter policy, one key group, an in-memory store."""
     pipeline = Pipeline("failures").add_injector("src", ScriptedInjector("src", []), "in")
     pipeline.add_computation("c", computation, ["in"], ["out"], on_error="dead_letter")
-    executor = KeyGroupExecutor(plan_computation(pipeline, "c", key_groups=1), MemoryKeyStore())
+    return KeyGroupExecutor(plan_computation(pipeline, "c", key_groups=1), MemoryKeyStore())
+
+
+def one_step(records: int, every: int, computation: Computation | None = None) -> dict:
+    computation = computation or FailEvery(every)
+    executor = key_group_executor(computation)
     deliveries = [Delivery("hot", "in", Record("hot", n + 1, n, f"r{n}"), 0, True) for n in range(records)]
     started = time.process_time()
     result = executor.step(deliveries, [Segment(-1, records)], 0)

@@ -5,6 +5,7 @@ is the same as without the limit."""
 from __future__ import annotations
 
 from bucket_counter import BucketCounter
+from test_holds import Judge
 
 from millstream import END_OF_TIME, Computation, GeneratorInjector, Pipeline, Record, ScriptedInjector, ValueState
 from millstream.testing import PipelineHarness
@@ -95,11 +96,6 @@ def session_pipeline(max_skew_ms, steps, downstream_judge=True):
     return pipeline
 
 
-class Judge(Computation):
-    def process_record(self, ctx, record):
-        ctx.produce(Record(ctx.key, [record.value, ctx.is_late], record.timestamp), "judged")
-
-
 def test_a_hold_further_behind_than_the_limit_does_not_stop_the_input_it_waits_for():
     """A session held at its start longer than max_skew_ms: the skew limit measures the stages behind
     by what they have processed, not by their held watermarks, so the input reaches the timer and
@@ -113,7 +109,7 @@ def test_a_hold_further_behind_than_the_limit_does_not_stop_the_input_it_waits_f
     assert h.metrics("session").records == len(times)
     assert [r.value for r in h.output("sessions")] == expected_sessions(times) == [[1_000, 35_000],
                                                                                   [60_000, 76_000]]
-    assert [r.value[1] for r in h.output("judged")] == [False, False]  # the hold kept them on time
+    assert [r.value["late"] for r in h.output("judged")] == [False, False]  # the hold kept them on time
     assert h.low_watermark("session") == END_OF_TIME  # the script ended: everything released
 
 

@@ -299,13 +299,19 @@ def too_far_ahead(injector_watermark: int, downstream_watermarks: Iterable[int |
     return bool(behind) and injector_watermark - min(behind) > max_skew_ms
 
 
-def published_keyed(keys: Iterable[str], published: Mapping[str, int], known: Mapping[str, int]) -> dict[str, int]:
+def published_keyed(keys: Iterable[str], published: Mapping[str, int], known: Mapping[str, int],
+                    low_watermark: int = BEGINNING_OF_TIME) -> dict[str, int]:
     """An injector partition's keyed watermarks after a read: for each key it carries, what it
     publishes now, never below what it published before (a key it leaves out stays where it was).
+    The unheld watermark (skew_watermark), where it carries it, is its own `low_watermark`.
 
     >>> published_keyed(["ship", "pay"], {"ship": 5, "pay": 1}, {"ship": 9})
     {'ship': 9, 'pay': 1}
+    >>> published_keyed(["ship", "~unheld"], {"ship": 5}, {}, low_watermark=7)
+    {'ship': 5, '~unheld': 7}
     """
+    if UNHELD_WATERMARK_KEY in keys:
+        published = {**published, UNHELD_WATERMARK_KEY: low_watermark}
     return {key: max(known.get(key, BEGINNING_OF_TIME), published.get(key, BEGINNING_OF_TIME)) for key in keys}
 
 

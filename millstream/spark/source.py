@@ -142,9 +142,7 @@ def _injector_keyed(sender: Sender, offset: Any, known: dict[str, int], watermar
     """An injector partition's keyed watermarks at `offset` (where its low watermark is `watermark`),
     never below what it published before."""
     published = sender.injector.keyed_watermarks(sender.plan.partition, offset)  # type: ignore[union-attr,arg-type]
-    if UNHELD_WATERMARK_KEY in sender.plan.watermark_keys:  # its own watermark (watermarks.skew_watermark)
-        published = {**published, UNHELD_WATERMARK_KEY: watermark}
-    return published_keyed(sender.plan.watermark_keys, published, known)
+    return published_keyed(sender.plan.watermark_keys, published, known, watermark)
 
 
 def _restore_coalescer(plan: SourcePlan, start: dict[str, Any]) -> WatermarkCoalescer:

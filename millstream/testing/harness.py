@@ -345,9 +345,8 @@ class PipelineHarness:
                           rejected: list[Produced], idle: bool = False) -> None:
         node = self.pipeline.injectors[injector]
         watermark = self._watermarks[(injector, partition)]
-        keyed = self._keyed[(injector, partition)]
-        if UNHELD_WATERMARK_KEY in keyed:  # the injector's own watermark (core/watermarks.py: skew_watermark)
-            keyed[UNHELD_WATERMARK_KEY] = watermark
+        known = self._keyed[(injector, partition)]
+        self._keyed[(injector, partition)] = published_keyed(known, {}, known, watermark)  # its unheld one: watermark
         if not idle:
             self._active[(injector, partition)] = self.wall_time
             self._idle.discard((injector, partition))
