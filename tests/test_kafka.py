@@ -486,6 +486,39 @@ def test_a_forked_worker_reads_with_its_own_connections(broker):
     assert results.get(timeout=5) == [f"{topic}:0:{s.offset}" for s in sent]
 
 
+def _read_in_child_timed(injector: KafkaInjector, partition: str, results: Any) -> None:
+    began = time.monotonic()
+    ids = [r.id for r in read_all(injector, partition)[0]]
+    results.put((ids, time.monotonic() - began))
+
+
+def test_a_forked_worker_leaves_the_parents_consumers_alone(broker):
+    """A forked child must not destroy the consumers it inherits: their librdkafka threads are not
+    there, so destroying one waits (a second each, measured) or, if a parent thread held one of their
+    locks at the fork, forever. The parent here holds a consumer per connection setting."""
+    import multiprocessing
+
+    topic = broker.create_topic(1)
+    sent = produce(broker, topic, [(0, "k", b"{}", 1_000 + i) for i in range(3)])
+    for n in range(8):  # eight settings, so eight pooled consumers
+        read_all(KafkaInjector(topic, broker.bootstrap, max_out_of_orderness_ms=0,
+                               config={"client.id": f"parent-{n}"}), "0")
+    injector = KafkaInjector(topic, broker.bootstrap, max_out_of_orderness_ms=0)
+    results = multiprocessing.get_context("fork").Queue()
+    child = multiprocessing.get_context("fork").Process(target=_read_in_child_timed,
+                                                        args=(injector, "0", results))
+    child.start()
+    child.join(timeout=60)
+    if child.is_alive():
+        child.kill()
+        child.join()
+    assert child.exitcode == 0, "the forked reader failed or hung"
+    ids, seconds = results.get(timeout=5)
+    assert ids == [f"{topic}:0:{s.offset}" for s in sent]
+    # Destroying the eight inherited consumers would take the child at least 8 s.
+    assert seconds < 4, f"the forked reader took {seconds:.1f} s: it destroyed the parent's consumers"
+
+
 def test_a_range_beyond_the_partition_fails_after_the_timeout_instead_of_hanging(broker):
     topic = broker.create_topic(1)
     produce(broker, topic, [(0, "k", b"{}", 1)])

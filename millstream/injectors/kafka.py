@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
 import json
 import os
 import re
@@ -134,16 +135,21 @@ class _ConsumerPool:
         self._lock = threading.Lock()
         self._idle: dict[tuple[tuple[str, str], ...], list[Any]] = {}
         self._all: list[Any] = []
-        self._pid = os.getpid()
+
+    def forget_inherited(self) -> None:
+        """In a forked child (Spark's Python workers fork from a daemon): the parent's consumers came
+        without their librdkafka threads, so they are unusable, and destroying one waits for threads
+        that are not there or crashes the child. They are set aside for good, never freed (freeing
+        destroys), and the child starts with no consumers and a fresh lock (a parent thread may have
+        held the old one at the fork)."""
+        for consumer in self._all:
+            ctypes.pythonapi.Py_IncRef(ctypes.py_object(consumer))  # survives even the interpreter's exit
+        self._lock, self._idle, self._all = threading.Lock(), {}, []
 
     @contextlib.contextmanager
     def lend(self, settings: Mapping[str, Any]) -> Iterator[Any]:
         key = tuple(sorted((name, str(value)) for name, value in settings.items()))
         with self._lock:
-            if os.getpid() != self._pid:
-                # A forked child (Spark's Python workers fork from a daemon) inherits the parent's
-                # consumers without their threads: unusable, and closing them could hang. Start afresh.
-                self._idle, self._all, self._pid = {}, [], os.getpid()
             idle = self._idle.setdefault(key, [])
             consumer = idle.pop() if idle else None
         if consumer is None:
@@ -172,6 +178,7 @@ class _ConsumerPool:
 
 _POOL = _ConsumerPool()
 atexit.register(_POOL.close_all)
+os.register_at_fork(after_in_child=_POOL.forget_inherited)
 
 
 class KafkaInjector(Injector):
