@@ -311,6 +311,41 @@ def test_reading_defaults_stores_nothing():
     assert h.state("c", "k") == {}
 
 
+class SetsNone(Computation):
+    """"none" sets each value state to None, "read" reports what they hold."""
+
+    with_default = ValueState("with_default", default="unset")
+    without = ValueState("without")
+
+    def process_record(self, ctx, record):
+        cells = ctx.state(self.with_default), ctx.state(self.without)
+        if record.value == "none":
+            for cell in cells:
+                cell.set(None)
+        ctx.produce(Record(ctx.key, [record.value] + [cell.get() for cell in cells], record.timestamp), "out")
+
+
+def test_a_value_set_to_none_reads_none_in_later_steps_as_in_its_own():
+    """Whatever the batching: set(None) is a value, like any other, where the default is another."""
+    def outputs(steps: list[list[str]]) -> tuple[list, PipelineHarness]:
+        h = PipelineHarness(Pipeline("none").add_injector("src", ScriptedInjector("src", []), "in")
+                            .add_computation("c", SetsNone(), ["in"], ["out"]))
+        at = 0
+        for step in steps:
+            for command in step:
+                at += 1
+                h.feed("src", [Record("k", command, at)], watermark=at)
+            h.run()
+        return [r.value for r in h.output("out")], h
+
+    # What a plain reading of the contract gives: get() returns what was set last, else the default.
+    expected = [["read", "unset", None], ["none", None, None], ["read", None, None]]
+    for steps in ([["read"], ["none"], ["read"]], [["read", "none", "read"]], [["read"], ["none", "read"]]):
+        got, h = outputs(steps)
+        assert got == expected, steps
+    assert h.state("c", "k") == {"with_default": None}  # the one without a default stores nothing
+
+
 def test_unserializable_value_with_json_codec_names_the_fix():
     def bad(ctx, c):
         ctx.state(c.v_json).set({1, 2})

@@ -460,8 +460,8 @@ class ValueCell:
             return unchanged
         if origin == "default" and type(value) is type(self.spec.default) and value == self.spec.default:
             return unchanged  # only read, never changed: nothing to store
-        if value is None:
-            return None
+        if value is None and self.spec.default is None:
+            return None  # reads as the default: nothing to keep (None is stored where the default is another)
         encoded = self.spec.codec.encode(value)
         self.origin, self.deleted = "stored", False  # what is stored now
         return encoded
