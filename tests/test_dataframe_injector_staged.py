@@ -86,3 +86,20 @@ def test_the_harness_cannot_run_it_and_says_why():
     inj = DataFrameInjector(None, key="user", timestamp="ts")
     with pytest.raises(PipelineError, match="runs on SparkRunner only"):
         inj.latest_offset("0", inj.initial_offset("0"), None)
+
+
+def test_a_timestamp_out_of_range_is_a_dead_letter_and_does_not_move_the_watermark(injector, tmp_path):
+    """Epoch microseconds in a long column: each such row is Malformed, and the staging task's report
+    of the largest event time leaves it out (else the watermark would jump past every later row)."""
+    from millstream.injectors.dataframe import _FileWriter
+
+    staged = Storage(str(tmp_path))
+    rows = pa.RecordBatch.from_pydict({KEY: ["a", "b"], TS: [5_000, 1_732_886_400_000_000], ID: ["e1", "e2"],
+                                       "amount": [1, 2], "__millstream_partition": [0, 0]})
+    [report] = list(_FileWriter(staged, 0)(iter([rows])))
+    assert report.to_pylist()[0]["max_ts"] == 5_000
+    stage(staged, 0, {"0": [("a", 5_000, "e1", 1), ("b", 1_732_886_400_000_000, "e2", 2)]}, 5_000)
+    end = injector.latest_offset("0", injector.initial_offset("0"), None)
+    [record, dead] = read_all(injector, "0", injector.initial_offset("0"), end)
+    assert record == ("a", 5_000, "clicks:e1", 1)
+    assert dead[0] == "dead" and "timestamp is 1732886400000000, outside" in dead[1]

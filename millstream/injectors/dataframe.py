@@ -22,7 +22,8 @@ Reading (the Injector contract, on executors): partition `p` of batch `n` is the
 manifest names, in name order; a record's id is `"<name>:<n>:<p>:<file>:<row>"`, or
 `"<name>:<id column>"` with `id=` (then duplicates in the input itself are dropped too). An offset is
 `{"batch": last staged batch read, "max_event_time": ..., "end": bool}`. A row whose key or timestamp is
-null is Malformed (a dead letter), never a failure.
+null, or whose timestamp is outside [BEGINNING_OF_TIME, END_OF_TIME] (epoch microseconds in a long
+column, say), is Malformed (a dead letter), never a failure, and does not move the watermark.
 
 Low watermark (the policy, as for Kafka: the input promises nothing about event times to come, so the
 user declares a bound): no row arrives more than `max_out_of_orderness_ms` behind the largest event time
@@ -48,7 +49,7 @@ import pyarrow as pa
 
 from millstream.model.injector import Injector, Malformed, Offset
 from millstream.model.pipeline import PipelineError
-from millstream.model.records import BEGINNING_OF_TIME, END_OF_TIME, Record
+from millstream.model.records import BEGINNING_OF_TIME, END_OF_TIME, Record, timestamp_problem
 
 # Column names of the staged files; user columns keep their own names.
 _KEY, _TS, _PART, _ID = "__millstream_key", "__millstream_ts", "__millstream_partition", "__millstream_id"
@@ -146,6 +147,10 @@ class DataFrameInjector(Injector):
                     row.pop(_PART, None)
                     if key is None or timestamp is None:
                         yield Malformed(position, repr(row), f"null {'key' if key is None else 'timestamp'} column")
+                        continue
+                    problem = timestamp_problem(timestamp)
+                    if problem is not None:  # epoch microseconds in a long column, say
+                        yield Malformed(position, repr(row), f"timestamp {problem}")
                         continue
                     value = row[value_columns] if isinstance(value_columns, str) else row
                     yield Record(key, value, timestamp,
@@ -299,8 +304,11 @@ class _FileWriter:
             table = pa.concat_tables(tables).drop_columns([_PART])
             path = f"data/{self.batch_id:012d}/{partition}/{attempt}.parquet"
             self.staged.write_parquet(path, table)
+            # Rows read as Malformed (a timestamp out of range) do not move the watermark.
+            times = table[_TS]
+            valid = pc.and_(pc.greater_equal(times, BEGINNING_OF_TIME), pc.less_equal(times, END_OF_TIME))
             reports.append({"partition": str(partition), "path": path,
-                            "rows": table.num_rows, "max_ts": pc.max(table[_TS]).as_py()})
+                            "rows": table.num_rows, "max_ts": pc.max(pc.filter(times, valid)).as_py()})
         if reports:
             yield pa.RecordBatch.from_pylist(reports, schema=pa.schema(
                 [("partition", pa.string()), ("path", pa.string()), ("rows", pa.int64()), ("max_ts", pa.int64())]))

@@ -4,7 +4,9 @@ Contract for writers: a file becomes visible complete (write it elsewhere, then 
 directory) and is never changed afterwards. Each line is an object
 {"key": str, "value": any, "timestamp": int ms, "id": optional str}; without an id the record's id is
 derived from the file's path and line number, so re-reading gives the same ids. A file named `_DONE`
-says no more files will come. A line that is not such an object is Malformed (a dead letter).
+says no more files will come. A line that is not such an object is Malformed (a dead letter), as is
+one holding NaN or an infinity (the JSON codec cannot carry them) or a timestamp outside
+[BEGINNING_OF_TIME, END_OF_TIME] (microseconds, say).
 
 Low watermark, as in the paper: the minimum creation time of the files not yet read, and for files not
 yet visible, the earliest creation time they can still have. A file's *creation time* is when its
@@ -32,7 +34,6 @@ so the copies are discarded within the dedup horizon.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import time
@@ -41,7 +42,8 @@ from typing import Any, Iterator, Sequence
 import xxhash
 
 from millstream.model.injector import Injector, Malformed, Offset
-from millstream.model.records import BEGINNING_OF_TIME, END_OF_TIME, Record, derive_record_id
+from millstream.injectors import strict_json
+from millstream.model.records import BEGINNING_OF_TIME, END_OF_TIME, Record, derive_record_id, timestamp_problem
 
 DONE_MARKER = "_DONE"
 DEFAULT_NAME_PATTERN = r"(\d{1,16})"
@@ -167,13 +169,16 @@ class FileInjector(Injector):
 def _parse(line: str, name: str, number: int, source: str) -> Record[Any] | Malformed:
     position = f"{name}:{number}"
     try:
-        item = json.loads(line)
+        item = strict_json.loads(line)  # the pipeline's JSON codec refuses NaN and infinities too
         key, timestamp = item["key"], item["timestamp"]
     except (ValueError, KeyError, TypeError) as error:
         return Malformed(position, line.rstrip("\n"), f"not a record line ({type(error).__name__}: {error}); "
                          'expected {"key": str, "value": ..., "timestamp": int}')
     if not isinstance(key, str) or isinstance(timestamp, bool) or not isinstance(timestamp, int):
         return Malformed(position, line.rstrip("\n"), "key must be a string and timestamp integer milliseconds")
+    problem = timestamp_problem(timestamp)
+    if problem is not None:
+        return Malformed(position, line.rstrip("\n"), f"timestamp {problem}")
     record_id = item.get("id")
     if record_id is None:
         record_id = derive_record_id("file", source, number)

@@ -51,7 +51,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
-import json
 import os
 import re
 import threading
@@ -59,8 +58,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Literal, Mapping, Sequence, Union
 
-import orjson
-
+from millstream.injectors import strict_json
 from millstream.model.injector import Injector, Malformed, Offset
 from millstream.model.records import BEGINNING_OF_TIME, END_OF_TIME, Record
 
@@ -79,7 +77,6 @@ _SECRET_NAME = re.compile(r"password|secret|jaas|token|credential|oauthbearer\.c
 # reported (a read stops there) and a seek to a deleted offset must fail, not jump silently.
 _REQUIRED = {"enable.partition.eof": True, "auto.offset.reset": "error",
              "enable.auto.commit": False, "enable.auto.offset.store": False}
-_BIG_INTEGER = re.compile(rb"\d{20}")
 
 
 class KafkaInjectorError(RuntimeError):
@@ -434,7 +431,7 @@ class KafkaInjector(Injector):
         if raw_value is None:  # a tombstone: deletion of the key in a compacted topic
             value: Any = None
         elif self.value_format == "json":
-            value = _strict_json(raw_value)
+            value = strict_json.loads(raw_value)
         elif self.value_format == "str":
             value = raw_value.decode("utf-8")
         elif self.value_format == "bytes":
@@ -465,25 +462,6 @@ class KafkaInjector(Injector):
         has no event time, so it does not move the watermark)."""
         record = self._record(message)
         return None if isinstance(record, Malformed) else record.timestamp
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"JSON has no {name}")
-
-
-# The pipeline's JSON codec refuses NaN and infinities, so the injector does too: such a value becomes
-# a dead letter here instead of failing the step that encodes it.
-_STRICT_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
-
-
-def _strict_json(data: bytes) -> Any:
-    # orjson is fast and strict but reads integers beyond 64 bits as floats: those take the stdlib path.
-    if _BIG_INTEGER.search(data) is None:
-        try:
-            return orjson.loads(data)
-        except orjson.JSONDecodeError:
-            pass
-    return _STRICT_DECODER.decode(bytes(data).decode("utf-8"))
 
 
 def _text(data: bytes | None) -> str:
