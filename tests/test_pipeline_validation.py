@@ -302,3 +302,37 @@ def test_a_sink_on_an_injectors_stream_is_refused_by_the_harness_as_by_spark():
     pipeline = base().add_computation("c", Noop(), ["events"]).add_sink("raw", "events", "/tmp/x")
     with pytest.raises(PipelineError, match="sink 'raw' reads stream 'events', which an injector produces"):
         PipelineHarness(pipeline)
+
+
+class _Echo(Computation):
+    def __init__(self, output: str = "out") -> None:
+        self.output = output
+
+    def process_record(self, ctx, record):
+        ctx.produce(record, self.output)
+
+
+def _two_generators(clicks_name: str, views_name: str, same_consumer: bool = True) -> Pipeline:
+    from millstream import GeneratorInjector
+
+    def generator(kind: str, name: str) -> GeneratorInjector:
+        return GeneratorInjector(lambda i: Record("user1", {kind: i}, i), total=3, low_watermark=lambda n: n,
+                                 name=name)
+    pipeline = (Pipeline("p").add_injector("clicks", generator("click", clicks_name), "clicks")
+                .add_injector("views", generator("view", views_name), "views"))
+    if same_consumer:
+        return pipeline.add_computation("c", _Echo(), ["clicks", "views"], ["out"])
+    return (pipeline.add_computation("c", _Echo(), ["clicks"], ["out"])
+            .add_computation("d", _Echo("out2"), ["views"], ["out2"]))
+
+
+def test_injectors_making_ids_from_one_name_cannot_feed_one_computation():
+    """Their ids collide, and deduplication would drop one input's records as the other's."""
+    with pytest.raises(PipelineError, match=r"injectors 'clicks' and 'views' both feed computation 'c'.*"
+                                            r"'generator'.*GeneratorInjector\(\.\.\., name='views'\)"):
+        PipelineHarness(_two_generators("generator", "generator"))
+    harness = PipelineHarness(_two_generators("clicks", "views"))  # named apart: every record arrives
+    harness.run_injectors()
+    assert sorted(str(r.value) for r in harness.output("out")) == sorted(
+        str({kind: i}) for kind in ("click", "view") for i in range(3))
+    PipelineHarness(_two_generators("generator", "generator", same_consumer=False)).run_injectors()  # apart: fine

@@ -60,6 +60,9 @@ class GeneratorInjector(Injector):
     def partitions(self) -> Sequence[str]:
         return tuple(str(p) for p in range(self.partition_count))
 
+    def id_namespace(self) -> str | None:
+        return self.name  # ids "<name>/index/<i>", unless make_record gives its own
+
     def _count(self, partition: int, limit: int) -> int:
         """How many of the first `limit` indices belong to `partition`."""
         return max(0, (limit - partition + self.partition_count - 1) // self.partition_count)

@@ -42,6 +42,7 @@ class ScriptedInjector(Injector):
         """`steps`: (records, watermark after the step) or (records, watermark, keyed watermarks
         after the step). With `finish`, every watermark becomes END_OF_TIME after the last step, so
         every pending timer fires."""
+        self.name = name
         self.watermark_keys = tuple(watermark_keys)
         previous = BEGINNING_OF_TIME
         keyed_previous = {key: BEGINNING_OF_TIME for key in self.watermark_keys}
@@ -63,6 +64,9 @@ class ScriptedInjector(Injector):
                 for i, r in enumerate(records)
             ), watermark, dict(keyed_previous)))
         self.finish = finish
+
+    def id_namespace(self) -> str | None:
+        return self.name  # ids of the steps' records that have none
 
     def initial_offset(self, partition: str) -> Offset:
         return {"step": 0}

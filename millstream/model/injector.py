@@ -107,6 +107,13 @@ class Injector(ABC):
         """The partition's published low watermark once everything up to `offset` has been read;
         `END_OF_TIME` once it will never produce again."""
 
+    def id_namespace(self) -> str | None:
+        """What the record ids this injector makes itself derive from (a `name=` argument), or None
+        where they name their own source (a file's path, a topic's partition and offset) or come
+        with the input. Two injectors feeding one computation must not share one: the records of one
+        would be dropped as duplicates of the other's (Pipeline.validate refuses it)."""
+        return None
+
     def keyed_watermarks(self, partition: str, offset: Offset) -> Mapping[str, int]:
         """The partition's keyed watermarks once everything up to `offset` has been read: one value
         per name in `watermark_keys` (a name left out stays where it was), each a function of the

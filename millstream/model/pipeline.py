@@ -432,6 +432,8 @@ class Pipeline:
             if DEAD_LETTERS in node.inputs and len(node.inputs) > 1:
                 raise PipelineError(f"computation {node.name!r}: a computation that reads {DEAD_LETTERS!r} "
                                     "reads nothing else")
+        for node in self.computations.values():
+            self._check_id_namespaces(node)
         for sink in self.sinks.values():
             if not self.producers(sink.stream):
                 raise PipelineError(
@@ -470,6 +472,26 @@ class Pipeline:
                         f"no sink on its outputs (found consumers {sorted(consumers)}); use strong "
                         "productions to fan out"
                     )
+
+    def _check_id_namespaces(self, node: ComputationNode) -> None:
+        """Injectors feeding `node` that make record ids from the same name would have the records of
+        one dropped as duplicates of the other's (deduplication goes by id): refused."""
+        by_namespace: dict[str, str] = {}
+        for stream in node.inputs:
+            for producer in self.producers(stream):
+                node_of = self.injectors.get(producer)
+                if node_of is None:  # a computation's output: ids of its own
+                    continue
+                namespace = node_of.injector.id_namespace()
+                if namespace is None:
+                    continue
+                other = by_namespace.setdefault(namespace, producer)
+                if other != producer:
+                    raise PipelineError(
+                        f"injectors {other!r} and {producer!r} both feed computation {node.name!r} and make "
+                        f"record ids from the same name {namespace!r}: the records of one would be dropped as "
+                        f"duplicates of the other's; give each a name of its own "
+                        f"({type(node_of.injector).__name__}(..., name={producer!r}))")
 
     def _produced(self) -> set[str]:
         found = {n.stream for n in self.injectors.values()}
