@@ -61,3 +61,41 @@ def test_a_value_user_code_reads_is_decoded_once():
     result = step(Total(), codec)
     assert len(result.rows) == 50
     assert (codec.decoded, codec.encoded) == (50, 50)
+
+
+class Enrich(Computation):
+    """Changes the received value in place, then produces the received record."""
+
+    def process_record(self, ctx, record):
+        record.value["enriched"] = True
+        ctx.produce(record, "out")
+
+
+class ReadThenForward(Computation):
+    """Reads the value, an atom here, and forwards the record unchanged."""
+
+    def process_record(self, ctx, record):
+        if record.value is not None:
+            ctx.produce(record, "out")
+
+
+def test_a_record_whose_value_code_changed_in_place_is_produced_with_the_change():
+    codec = CountingCodec()
+    result = step(Enrich(), codec)
+    # production rows: (stream, key, value bytes, timestamp, id, point, order)
+    assert sorted(JsonCodec().decode(row[2])["n"] for row in result.rows) == list(range(50))
+    assert all(JsonCodec().decode(row[2])["enriched"] is True for row in result.rows)
+    assert (codec.decoded, codec.encoded) == (50, 50)
+
+
+def test_a_record_read_as_an_atom_keeps_its_bytes():
+    codec = CountingCodec()
+    pipeline = (Pipeline("p").add_injector("src", ScriptedInjector("src", []), "in")
+                .add_computation("c", ReadThenForward(), ["in"], ["out"])
+                .declare_stream("in", codec).declare_stream("out", codec))
+    plan = plan_computation(pipeline, "c", 1)
+    items = [(f"k{i % 5}", f"k{i % 5}", JsonCodec().encode(i), 1_000 + i, f"r{i}", 0, i) for i in range(20)]
+    result = step_bundles(plan, MemoryKeyStore(), [pack_deliveries("in", True, items)], {"in": codec},
+                          [Segment(0, 0)], 0)
+    assert sorted(JsonCodec().decode(row[2]) for row in result.rows) == list(range(20))
+    assert (codec.decoded, codec.encoded) == (20, 0)  # an int cannot have changed in place

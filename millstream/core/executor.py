@@ -403,13 +403,11 @@ class _Invocation:
                 type(record.timestamp) is not int or not BEGINNING_OF_TIME <= record.timestamp <= END_OF_TIME:
             self._bad_production(record, stream)  # raises, unless record is of a subclass of Record
             codec = self._codecs[stream]
-        try:  # record.encoded_value(codec), inlined; a Record made by user code holds its value
+        try:  # a Record made by user code holds its value (inlined: the common case)
             if record._codec is None and type(record) is Record:
                 value = codec.encode(record._value)
-            elif record._codec is codec and record._encoded is not None:
-                value = record._encoded
             else:
-                value = codec.encode(record.value)
+                value = record.encoded_value(codec)
         except CodecError as error:
             raise CodecError(f"stream {stream!r}: {error}") from None
         produced = self._produced

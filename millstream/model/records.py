@@ -19,6 +19,7 @@ END_OF_TIME: int = 2**47 - 1
 
 V = TypeVar("V")
 _UNDECODED: Any = object()
+_ATOMS = frozenset((int, float, str, bool, bytes, type(None)))  # values nothing can change in place
 
 
 def timestamp_problem(timestamp: Any) -> str | None:
@@ -107,8 +108,11 @@ class Record(Generic[V]):
             self._value = _UNDECODED
 
     def encoded_value(self, codec: Any) -> bytes:
-        """The value's bytes under `codec`, reusing the bytes the record arrived with."""
-        if self._encoded is not None and self._codec is codec:
+        """The value's bytes under `codec`, reusing the bytes the record arrived with where the value
+        cannot have changed since: never decoded, or decoded to an atom (code may change a dict or a
+        list it read in place)."""
+        if self._encoded is not None and self._codec is codec and (
+                self._value is _UNDECODED or type(self._value) in _ATOMS):
             return self._encoded
         return codec.encode(self.value)  # type: ignore[no-any-return]
 
