@@ -383,10 +383,10 @@ def test_ordinary_write_then_rename_writers_get_an_honest_watermark(tmp_path):
     # Real file times, nothing set by hand: with the declared write bound no record arrives behind
     # the watermark; taking mtimes as creation times (no bound) makes records late.
     read, late = _late_records_reading_while_files_are_written(
-        str(tmp_path / "bounded"), FileInjector(str(tmp_path / "bounded"), max_write_ms=2_000))
+        str(tmp_path / "bounded"), FileInjector(str(tmp_path / "bounded"), max_write_ms=2_000, missing_ok=True))
     assert (read, late) == (18, 0)
     read, late = _late_records_reading_while_files_are_written(
-        str(tmp_path / "naive"), FileInjector(str(tmp_path / "naive"), max_write_ms=0))
+        str(tmp_path / "naive"), FileInjector(str(tmp_path / "naive"), max_write_ms=0, missing_ok=True))
     assert read == 18 and late > 0
 
 
@@ -495,7 +495,9 @@ def test_file_listing_ignores_other_suffixes_hidden_files_and_missing_directory(
     inj = FileInjector(d)
     end = inj.latest_offset("0", inj.initial_offset("0"), None)
     assert end["read"] == ["ok.jsonl"] and [r.value for r in inj.read("0", inj.initial_offset("0"), end)] == [1]
-    missing = FileInjector(str(tmp_path / "nope"), max_write_ms=1_000)
+    with pytest.raises(ValueError, match=r"'.*nope' is not a directory.*missing_ok=True"):
+        FileInjector(str(tmp_path / "nope"))  # a typo, most likely
+    missing = FileInjector(str(tmp_path / "nope"), max_write_ms=1_000, missing_ok=True)
     nothing = missing.latest_offset("0", missing.initial_offset("0"), None)
     assert nothing["read"] == [] and nothing["watermark"] >= time.time() * 1000 - 1_000 - 60_000
     assert FileInjector(d, suffix=".txt").latest_offset("0", {"read": [], "watermark": BEGINNING_OF_TIME,

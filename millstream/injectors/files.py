@@ -67,11 +67,18 @@ class FileInjector(Injector):
     [('a', 1500)]
     >>> inj.low_watermark("0", end)
     1000
+
+    A directory that does not exist is refused (a typo would otherwise read nothing, forever), unless
+    `missing_ok=True`: then it reads as empty until it appears.
     """
 
     def __init__(self, directory: str, suffix: str = ".jsonl", max_files_per_read: int = 16,
                  creation: str = "mtime", max_write_ms: int | None = None, name_pattern: str = DEFAULT_NAME_PATTERN,
-                 partitions: int = 1) -> None:
+                 partitions: int = 1, missing_ok: bool = False) -> None:
+        if not missing_ok and not os.path.isdir(directory):
+            where = "" if os.path.isabs(directory) else f" (from {os.getcwd()!r})"
+            raise ValueError(f"FileInjector: {directory!r} is not a directory{where}; create it first, or pass "
+                             "missing_ok=True to read it as empty until it appears")
         if creation not in ("mtime", "name"):
             raise ValueError(f"creation must be 'mtime' or 'name', got {creation!r}")
         if partitions < 1:

@@ -107,7 +107,8 @@ def read_sink(directory: str) -> list[SinkRecord]:
 def read_log(directory: str, creation: str = "name", max_write_ms: int | None = None) -> list[Record[Any]]:
     """Every record of a directory of JSON-lines log files, read as a pipeline's FileInjector reads it
     (same record ids); lines that are not records are left out."""
-    injector = FileInjector(directory, creation=creation, max_write_ms=max_write_ms, max_files_per_read=1 << 30)
+    injector = FileInjector(directory, creation=creation, max_write_ms=max_write_ms, max_files_per_read=1 << 30,
+                            missing_ok=True)
     start = injector.initial_offset("0")
     end = injector.latest_offset("0", start, None)
     return [item for item in injector.read("0", start, end) if not isinstance(item, Malformed)]

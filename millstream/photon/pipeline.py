@@ -126,18 +126,19 @@ def build_photon_pipeline(spec: PhotonPipelineSpec, adapter: JoinAdapter | None 
     adapter = adapter or load_adapter(spec.adapter)
     layout = spec.layout
     creation = spec.log_creation
-    # The re-injection directory is written rarely (by the verifier), its files named by the time they
-    # are written. Its files' names, not the clock, move its watermark: an injector whose watermark
-    # followed the clock would change its offset at every trigger and make Spark run a micro-batch
-    # each time, for nothing. So it declares itself idle when quiet: otherwise, until the first
-    # re-injection, it would hold the dispatcher's low watermark at the beginning of time, and every
-    # event-time consumer of `joined` with it. (A re-injected click is late whenever it comes: the
-    # verifier re-injects what was lost long after its time.)
+    # The logs' writers may start after the pipelines (missing_ok). The re-injection directory is
+    # written rarely (by the verifier), its files named by the time they are written. Its files'
+    # names, not the clock, move its watermark: an injector whose watermark followed the clock would
+    # change its offset at every trigger and make Spark run a micro-batch each time, for nothing. So
+    # it declares itself idle when quiet: otherwise, until the first re-injection, it would hold the
+    # dispatcher's low watermark at the beginning of time, and every event-time consumer of `joined`
+    # with it. (A re-injected click is late whenever it comes: the verifier re-injects what was lost
+    # long after its time.)
     pipeline = (
         Pipeline("photon")
-        .add_injector("queries", FileInjector(spec.query_log, creation=creation), "queries")
-        .add_injector("clicks", FileInjector(spec.click_log, creation=creation), "clicks")
-        .add_injector("reinjected", FileInjector(spec.reinject_dir, creation="name"), "reinjected",
+        .add_injector("queries", FileInjector(spec.query_log, creation=creation, missing_ok=True), "queries")
+        .add_injector("clicks", FileInjector(spec.click_log, creation=creation, missing_ok=True), "clicks")
+        .add_injector("reinjected", FileInjector(spec.reinject_dir, creation="name", missing_ok=True), "reinjected",
                       idle_after_ms=REINJECTED_IDLE_AFTER_MS)
         .add_computation("event_reader", EventReader(layout.event_store, adapter), {"queries": primary_key},
                          on_error="dead_letter")
