@@ -229,8 +229,10 @@ def test_codec_for_unused_stream():
     p = base().declare_stream("ghost", PickleCodec())
     with pytest.raises(PipelineError, match=r"codec declared for stream 'ghost', which no node uses"):
         p.validate()
-    with pytest.raises(PipelineError, match=r"codec for stream 'x' needs encode\(\) and decode\(\)"):
-        base().declare_stream("x", object())
+    for not_a_codec in (object(), PickleCodec):  # the class where an object was meant, too
+        with pytest.raises(PipelineError, match=r"stream 'x': the codec must be a codec object with encode\(\) "
+                                                r"and decode\(\), such as .*PickleCodec\(\), got"):
+            base().declare_stream("x", not_a_codec)
 
 
 def test_weak_productions_need_exactly_one_consumer_and_no_sink():

@@ -29,6 +29,17 @@ class Codec(Protocol):
     def decode(self, data: bytes) -> Any: ...
 
 
+def is_codec(codec: Any) -> bool:
+    """Whether `codec` is a codec object: encode() and decode() callable on it, and not a class
+    (`PickleCodec` where `PickleCodec()` was meant has both, unbound).
+
+    >>> is_codec(PickleCodec()), is_codec(PickleCodec), is_codec("json")
+    (True, False, False)
+    """
+    return not isinstance(codec, type) and callable(getattr(codec, "encode", None)) and callable(
+        getattr(codec, "decode", None))
+
+
 _JSON_SCALARS = frozenset({str, int, bool, type(None)})
 _ORJSON_OPTIONS = orjson.OPT_SORT_KEYS
 # Built once: json.dumps with options builds a new encoder per call.

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Callable, Mapping, Sequence
 
-from millstream.model.codecs import DEFAULT_CODEC, Codec
+from millstream.model.codecs import DEFAULT_CODEC, Codec, is_codec
 from millstream.model.computation import Computation
 from millstream.model.injector import Injector
 from millstream.model.locations import place, table_place
@@ -174,8 +174,9 @@ class Pipeline:
         _check_name("stream", stream)
         if stream == DEAD_LETTERS:
             raise PipelineError(f"stream {DEAD_LETTERS!r} is reserved for dead letters; its codec is JSON")
-        if not (hasattr(codec, "encode") and hasattr(codec, "decode")):
-            raise PipelineError(f"codec for stream {stream!r} needs encode() and decode()")
+        if not is_codec(codec):
+            raise PipelineError(f"stream {stream!r}: the codec must be a codec object with encode() and decode(), "
+                                f"such as millstream.JsonCodec() or millstream.PickleCodec(), got {codec!r}")
         self.codecs[stream] = codec
         return self
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, Iterator, Protocol, TypeVar, overload
 
-from millstream.model.codecs import DEFAULT_CODEC, Codec
+from millstream.model.codecs import DEFAULT_CODEC, Codec, is_codec
 
 T = TypeVar("T")
 K = TypeVar("K")
@@ -35,8 +35,7 @@ def _check_declaration(name: Any, ttl_ms: int | None, **codecs: Any) -> None:
     if ttl_ms is not None and (isinstance(ttl_ms, bool) or not isinstance(ttl_ms, int) or ttl_ms <= 0):
         raise ValueError(f"state {name!r}: ttl_ms must be a positive int of milliseconds or None")
     for field, codec in codecs.items():
-        if isinstance(codec, type) or not (callable(getattr(codec, "encode", None))
-                                           and callable(getattr(codec, "decode", None))):
+        if not is_codec(codec):
             raise TypeError(f"state {name!r}: {field} must be a codec object with encode() and decode(), such as "
                             f"millstream.JsonCodec() or millstream.PickleCodec(), got {codec!r}")
 
