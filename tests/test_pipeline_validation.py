@@ -250,6 +250,20 @@ def test_weak_productions_need_exactly_one_consumer_and_no_sink():
         sunk.validate()
 
 
+def test_weak_shapes_spark_cannot_fuse_are_refused_by_the_harness_too():
+    """A pipeline its harness tests pass on must run on Spark, which fuses a weak computation into a
+    strong consumer reading nothing else."""
+    mixed = base().add_computation("a", Noop(), ["events"], ["mid"], production="weak")
+    mixed.add_computation("b", Noop(), ["mid", "events"])
+    with pytest.raises(PipelineError, match=r"weak computation 'a' must be the only producer of every stream its "
+                                            r"consumer 'b' reads"):
+        PipelineHarness(mixed)
+    chain = base().add_computation("a", Noop(), ["events"], ["mid"], production="weak")
+    chain.add_computation("b", Noop(), ["mid"], ["last"], production="weak").add_computation("c", Noop(), ["last"])
+    with pytest.raises(PipelineError, match=r"weak computations 'a' -> 'b'.*make one of them strong"):
+        PipelineHarness(chain)
+
+
 # -- key extractors --------------------------------------------------------------------------------
 def _extractor_harness(extractor):
     p = base().add_computation("counter", Noop(), {"events": extractor})

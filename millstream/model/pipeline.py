@@ -473,6 +473,33 @@ class Pipeline:
                         f"no sink on its outputs (found consumers {sorted(consumers)}); use strong "
                         "productions to fan out"
                     )
+        self.weak_fusions()
+
+    def weak_fusions(self) -> dict[str, str]:
+        """Weak computation -> the strong computation it is fused into (the Spark runner runs the two
+        in one query): a weak computation's consumer reads nothing else, reads all of its outputs,
+        and is strong. Refused otherwise, by validate() too, so that a pipeline that passes on the
+        harness runs on Spark."""
+        fused: dict[str, str] = {}
+        for node in self.computations.values():
+            if node.production is not Production.WEAK:
+                continue
+            consumer = self.consumers(node.outputs[0])[0] if node.outputs else None
+            consumer_node = self.computations.get(consumer or "")
+            if (consumer_node is None or any(self.producers(s) != [node.name] for s in consumer_node.inputs)
+                    or any(s not in consumer_node.inputs for s in node.outputs)):
+                raise PipelineError(
+                    f"weak computation {node.name!r} must be the only producer of every stream its consumer "
+                    f"{consumer!r} reads, and that consumer must read all of its outputs; use strong "
+                    "productions for this edge"
+                )
+            if consumer_node.production is Production.WEAK:
+                raise PipelineError(
+                    f"weak computations {node.name!r} -> {consumer!r}: a weak computation is fused into a "
+                    "strong consumer; make one of them strong"
+                )
+            fused[node.name] = consumer_node.name
+        return fused
 
     def _check_id_namespaces(self, node: ComputationNode) -> None:
         """Injectors feeding `node` that make record ids from the same name would have the records of

@@ -104,7 +104,7 @@ class SparkRunner:
     ) -> None:
         pipeline.validate()
         hide_pandas_3_warning()  # before anything of Spark's runs (DataFrame injectors stage from here)
-        self._fused_into = _check_weak_productions(pipeline)
+        self._fused_into = pipeline.weak_fusions()
         check_runner_options(key_groups=key_groups, parallelism=parallelism, trigger_ms=trigger_ms,
                              max_records_per_batch=max_records_per_batch, retain_logs_s=retain_logs_s)
         if not isinstance(batch_pacing, BatchPacing):
@@ -669,31 +669,6 @@ def _copy_checkpoint(location: str, last_published: int) -> str:
             if batch.isdigit() and int(batch) > last_published:
                 target.delete(f"{log_dir}/{name}")
     return target_location
-
-
-def _check_weak_productions(pipeline: Pipeline) -> dict[str, str]:
-    """Weak computation -> the strong computation whose query it is fused into. The Spark runner
-    fuses one weak computation into a consumer that reads nothing else."""
-    fused: dict[str, str] = {}
-    for node in pipeline.computations.values():
-        if node.production is not Production.WEAK:
-            continue
-        consumer = pipeline.consumers(node.outputs[0])[0] if node.outputs else None
-        consumer_node = pipeline.computations.get(consumer or "")
-        if (consumer_node is None or any(pipeline.producers(s) != [node.name] for s in consumer_node.inputs)
-                or any(s not in consumer_node.inputs for s in node.outputs)):
-            raise PipelineError(
-                f"weak computation {node.name!r} must be the only producer of every stream its consumer "
-                f"{consumer!r} reads, and that consumer must read all of its outputs; use strong "
-                "productions for this edge"
-            )
-        if consumer_node.production is Production.WEAK:
-            raise PipelineError(
-                f"weak computations {node.name!r} -> {consumer!r}: the Spark runner fuses one weak "
-                "computation into a strong consumer; make one of them strong"
-            )
-        fused[node.name] = consumer_node.name
-    return fused
 
 
 def _pickle_user_code_by_value(pipeline: Pipeline) -> None:
