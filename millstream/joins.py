@@ -12,8 +12,10 @@ and forgets a record once the *other* side's watermark guarantees nothing can ma
 Both are low-watermark timers, which fire by the computation's input watermark: the minimum of both
 sides, so never before the other side allows (and when one side is idle, by the other one alone).
 A record stamped behind its own side's watermark (`ctx.input_watermark(side)`) is late: what it
-could have matched may be gone, so it is not joined; it goes to `late_stream` if given (and is counted
-as late either way), never silently dropped.
+could have matched may be gone, so it is not joined; it goes to `late_stream` if given. Without one
+it is dropped, and the computation's `late` metric counts it only when it is also behind the
+computation's low watermark (the earlier of the two sides'), which a side running ahead of the other
+need not be: give `late_stream` to see every late row.
 
 Pairs are stamped with the later of the two times; unmatched left rows with the time they were
 decided (l.time + upper_ms + 1). Values are kept with pickle (the join's own state, never read from
@@ -40,7 +42,7 @@ later of the two records' timestamps; an unmatched left row its own, or the low 
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from millstream.model.codecs import PickleCodec
 from millstream.model.computation import Computation, Context
@@ -88,6 +90,15 @@ class IntervalJoin(Computation):
     @property
     def outputs(self) -> list[str]:
         return [self.output] + ([self.late_stream] if self.late_stream else [])
+
+    def check_streams(self, inputs: Sequence[str], outputs: Sequence[str]) -> str | None:
+        if sorted(inputs) != sorted((self.left, self.right)):
+            return (f"the join's sides are {self.left!r} and {self.right!r}, but it is added with inputs "
+                    f"{list(inputs)}: add it with exactly its two sides")
+        missing = [stream for stream in self.outputs if stream not in outputs]
+        if missing:
+            return f"the join produces {self.outputs}; its outputs lack {missing} (pass join.outputs)"
+        return None
 
     def _time(self, side: str, record: Record[Any]) -> int:
         time_of = self.times[side]

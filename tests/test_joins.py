@@ -93,3 +93,21 @@ def test_records_behind_their_side_are_late_not_joined():
     h.run_injectors()
     assert sorted((r.value["left"], r.value["right"]) for r in h.output("joined")) == [("l1", "r1")]
     assert [r.value["id"] for r in h.output("late")] == ["l0"]
+
+
+def test_a_join_added_with_other_streams_than_its_sides_is_refused_where_the_pipeline_is_built():
+    from millstream import PipelineError
+
+    def add(join, inputs, outputs):
+        return (Pipeline("shop").add_injector("c", ScriptedInjector("c", []), "clicks")
+                .add_injector("b", ScriptedInjector("b", []), "buys")
+                .add_computation("join", join, inputs, outputs))
+
+    typo = IntervalJoin("click", "buy", lower_ms=0, upper_ms=100)
+    with pytest.raises(PipelineError, match=r"computation 'join': the join's sides are 'click' and 'buy', but it is "
+                                            r"added with inputs \['clicks', 'buys'\]"):
+        add(typo, ["clicks", "buys"], typo.outputs)
+    with_late = IntervalJoin("clicks", "buys", lower_ms=0, upper_ms=100, late_stream="late")
+    with pytest.raises(PipelineError, match=r"its outputs lack \['late'\] \(pass join.outputs\)"):
+        add(with_late, ["clicks", "buys"], ["joined"])
+    add(with_late, {"buys": None, "clicks": None}, with_late.outputs).validate()  # in any order, as a mapping

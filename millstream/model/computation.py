@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from abc import ABC
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar, overload
+from typing import Any, Protocol, Sequence, TypeVar, overload
 
 from millstream.model.records import Record, TimeDomain, Timer
 from millstream.model.state import ListHandle, ListState, MapHandle, MapState, ValueHandle, ValueState
@@ -132,6 +132,13 @@ class Computation(ABC):
     >>> [r.value for r in harness.output("counts")]
     [1, 2]
     """
+
+    def check_streams(self, inputs: Sequence[str], outputs: Sequence[str]) -> str | None:
+        """What is wrong with adding this computation with these input and output streams, or None
+        (the default: nothing). `Pipeline.add_computation` refuses it with the text returned: a
+        computation that names its streams itself (a join's sides) checks them here, where the
+        pipeline is built, not at its first record."""
+        return None
 
     def setup(self, info: ComputationInfo) -> None:
         """Called once in each worker process before the computation's first invocation there:

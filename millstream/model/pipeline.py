@@ -264,6 +264,9 @@ class Pipeline:
             raise PipelineError(f"production of {name!r} must be 'strong' or 'weak', got {production!r}") from None
         if isinstance(dedup_horizon_ms, bool) or not isinstance(dedup_horizon_ms, int) or dedup_horizon_ms < 0:
             raise PipelineError(f"dedup_horizon_ms of {name!r} must be an int >= 0")
+        problem = computation.check_streams(tuple(extractors), tuple(outputs))
+        if problem is not None:
+            raise PipelineError(f"computation {name!r}: {problem}")
         self.computations[name] = ComputationNode(
             name, computation, extractors, tuple(outputs), production, dedup_horizon_ms,
             _policy(on_error, f"computation {name!r}"), bool(exactly_once),
