@@ -253,8 +253,9 @@ class SparkRunner:
 
     def on_query_progress(self, callback: Callable[[str, Any], None]) -> Callable[[], None]:
         """Call `callback(computation, progress)` after every Spark batch of this pipeline's queries,
-        with Spark's own StreamingQueryProgress (batchId, numInputRows, inputRowsPerSecond,
-        durationMs, eventTime, stateOperators, ...). It runs on a thread of the driver process (Spark's
+        with Spark's own StreamingQueryProgress (batchId, durationMs, eventTime, stateOperators, ...;
+        its row counts count millstream's bundles and heartbeats, not records: records are in
+        `progress()`). It runs on a thread of the driver process (Spark's
         listener bus): keep it short. An exception in it is logged to errors.log and does not stop the
         run. Returns a function that unsubscribes. Subscribe before or while the pipeline runs."""
         self._progress_callbacks.append(callback)
