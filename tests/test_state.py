@@ -325,8 +325,9 @@ class SetsNone(Computation):
         ctx.produce(Record(ctx.key, [record.value] + [cell.get() for cell in cells], record.timestamp), "out")
 
 
-def test_a_value_set_to_none_reads_none_in_later_steps_as_in_its_own():
-    """Whatever the batching: set(None) is a value, like any other, where the default is another."""
+def test_a_value_set_to_none_reads_the_default_in_later_steps_as_in_its_own():
+    """Whatever the batching: set(None) clears the value (it read None in its own step and the
+    default in later ones)."""
     def outputs(steps: list[list[str]]) -> tuple[list, PipelineHarness]:
         h = PipelineHarness(Pipeline("none").add_injector("src", ScriptedInjector("src", []), "in")
                             .add_computation("c", SetsNone(), ["in"], ["out"]))
@@ -338,12 +339,12 @@ def test_a_value_set_to_none_reads_none_in_later_steps_as_in_its_own():
             h.run()
         return [r.value for r in h.output("out")], h
 
-    # What a plain reading of the contract gives: get() returns what was set last, else the default.
-    expected = [["read", "unset", None], ["none", None, None], ["read", None, None]]
+    # The contract, read plainly: set(None) clears, and a cleared value reads as the default.
+    expected = [["read", "unset", None], ["none", "unset", None], ["read", "unset", None]]
     for steps in ([["read"], ["none"], ["read"]], [["read", "none", "read"]], [["read"], ["none", "read"]]):
         got, h = outputs(steps)
         assert got == expected, steps
-    assert h.state("c", "k") == {"with_default": None}  # the one without a default stores nothing
+        assert h.state("c", "k") == {}  # nothing stored: a key reset by set(None) can go
 
 
 def test_unserializable_value_with_json_codec_names_the_fix():

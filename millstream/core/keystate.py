@@ -445,6 +445,9 @@ class ValueCell:
         return self.value
 
     def set(self, value: Any) -> None:
+        if value is None:  # None clears: the default reads from here on, in this step as in later ones
+            self.clear()
+            return
         self.value, self.origin = value, "set"
         if self.on_write is not None:
             self.on_write(self.spec)
@@ -460,8 +463,8 @@ class ValueCell:
             return unchanged
         if origin == "default" and type(value) is type(self.spec.default) and value == self.spec.default:
             return unchanged  # only read, never changed: nothing to store
-        if value is None and self.spec.default is None:
-            return None  # reads as the default: nothing to keep (None is stored where the default is another)
+        if value is None:
+            return None
         encoded = self.spec.codec.encode(value)
         self.origin, self.deleted = "stored", False  # what is stored now
         return encoded

@@ -42,8 +42,8 @@ def _check_declaration(name: Any, ttl_ms: int | None, **codecs: Any) -> None:
 
 @dataclass(frozen=True)
 class ValueState(Generic[T]):
-    """One value per key; `get()` returns `default` until set. None is a value like any other: set to
-    None, `get()` returns None from then on (where the default is None, nothing is stored).
+    """One value per key; `get()` returns `default` until set. `set(None)` clears it: `get()` returns
+    the default from then on, in the same step as in later ones, and nothing is stored.
 
     Typed by what `get()` returns: `ValueState("count", default=0)` is a `ValueState[int]`, and one
     without a default is a `ValueState[int | None]` (its `get()` is None until set): mypy types even
