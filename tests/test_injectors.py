@@ -442,6 +442,7 @@ def test_file_records_of_two_directories_do_not_collide(tmp_path):
     ('{"key": "k", "value": NaN, "timestamp": 1}', "JSON has no NaN"),
     ('{"key": "k", "value": {"x": [-Infinity]}, "timestamp": 1}', "JSON has no -Infinity"),
     (json.dumps(rec("k", 1, 1_732_886_400_000_000)), "timestamp is 1732886400000000, outside"),  # microseconds
+    ('{"key": "k", "value": 1e400, "timestamp": 1}', "out of a float's range"),  # no float holds it
 ])
 def test_malformed_line_is_yielded_with_file_and_line(tmp_path, line, problem):
     d = str(tmp_path)
@@ -462,6 +463,15 @@ def test_malformed_input_goes_to_dead_letters_and_the_pipeline_goes_on(tmp_path)
     [letter] = h.dead_letters()
     assert letter["record_id"] == "log-1.jsonl:2" and letter["value"] == "{oops" and letter["sender"] == "src"
     assert "not a record line" in letter["error"] and letter["computation"] == "c"
+
+
+def test_integers_beyond_64_bits_are_read_exactly(tmp_path):
+    d = str(tmp_path)
+    values = [-9_999_999_999_999_999_999, 2 ** 64, -(2 ** 63) - 1, 2 ** 63]
+    write(d, "big.jsonl", [rec("k", v, 1) for v in values], 10)
+    inj = FileInjector(d)
+    start = inj.initial_offset("0")
+    assert [r.value for r in inj.read("0", start, inj.latest_offset("0", start, None))] == values
 
 
 def test_lines_the_pipeline_cannot_carry_are_dead_letters_and_the_pipeline_goes_on(tmp_path):

@@ -568,3 +568,47 @@ def test_a_missing_client_library_says_how_to_install_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "confluent_kafka", None)
     with pytest.raises(ImportError, match=r"millstream\[kafka\]"):
         KafkaInjector("t", "127.0.0.1:1", max_out_of_orderness_ms=0)
+
+
+def test_a_consumer_lent_when_the_process_forks_stays_out_of_the_childs_pool(monkeypatch):
+    """A read in progress in the forking thread, closed in the child: its consumer (the parent's,
+    without its threads) must not come back to the child's pool for the next read. A stand-in
+    client: no broker needed."""
+    import types
+
+    class StandIn:
+        def __init__(self, settings):
+            self.pid = os.getpid()
+
+        def unassign(self):
+            pass
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(kafka_module, "_client", lambda: types.SimpleNamespace(Consumer=StandIn,
+                                                                               KafkaException=RuntimeError))
+    monkeypatch.setattr(kafka_module, "_POOL", kafka_module._ConsumerPool())
+
+    def read():
+        with kafka_module._POOL.lend({"bootstrap.servers": "stand-in"}) as consumer:
+            yield consumer
+
+    reading = read()
+    next(reading)  # lent, as a generator suspended mid-read
+    readable, writable = os.pipe()
+    child = os.fork()
+    if child == 0:  # the child: the at-fork handling the module registers for its own pool, then the read closes
+        try:
+            kafka_module._POOL.forget_inherited()
+            reading.close()
+            with kafka_module._POOL.lend({"bootstrap.servers": "stand-in"}) as consumer:
+                os.write(writable, b"fresh" if consumer.pid == os.getpid() else b"inherited")
+        finally:
+            os._exit(0)
+    os.close(writable)
+    _, status = os.waitpid(child, 0)
+    answer = os.read(readable, 32)
+    os.close(readable)
+    reading.close()
+    assert status == 0 and answer == b"fresh"

@@ -99,3 +99,22 @@ def test_a_record_read_as_an_atom_keeps_its_bytes():
                           [Segment(0, 0)], 0)
     assert sorted(JsonCodec().decode(row[2]) for row in result.rows) == list(range(20))
     assert (codec.decoded, codec.encoded) == (20, 0)  # an int cannot have changed in place
+
+
+class NormalizeThenFail(Computation):
+    """Changes the value it read in place, then fails."""
+
+    def process_record(self, ctx, record):
+        value = record.value
+        value["n"] = value.pop("amount") * 100
+        raise ValueError("then fail")
+
+
+def test_a_dead_letter_carries_the_value_as_it_arrived_not_as_the_failed_code_left_it():
+    from millstream.testing import PipelineHarness
+
+    harness = PipelineHarness(Pipeline("p").add_injector("src", ScriptedInjector("src", []), "in")
+                              .add_computation("c", NormalizeThenFail(), ["in"], [], on_error="dead_letter"))
+    harness.feed("src", [Record("k", {"amount": 3}, 1), Record("k", {"amount": 4}, 2)], watermark=2)
+    harness.run()
+    assert sorted(letter["value"]["amount"] for letter in harness.dead_letters()) == [3, 4]

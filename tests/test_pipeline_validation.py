@@ -352,3 +352,33 @@ def test_injectors_making_ids_from_one_name_cannot_feed_one_computation():
     assert sorted(str(r.value) for r in harness.output("out")) == sorted(
         str({kind: i}) for kind in ("click", "view") for i in range(3))
     PipelineHarness(_two_generators("generator", "generator", same_consumer=False)).run_injectors()  # apart: fine
+
+
+def test_injectors_sharing_a_name_whose_ids_cannot_collide_are_accepted():
+    from millstream import GeneratorInjector, HeuristicWatermark
+
+    def pipeline(clicks, views, exactly_once=True):
+        return (Pipeline("p").add_injector("clicks", clicks, "clicks").add_injector("views", views, "views")
+                .add_computation("c", _Echo(), ["clicks", "views"], ["out"], exactly_once=exactly_once))
+
+    def generator(kind, own_ids=False):
+        return GeneratorInjector(lambda i: Record("u", {kind: i}, i, f"{kind}-{i}" if own_ids else ""), total=3,
+                                 low_watermark=lambda n: n)
+
+    accepted = [
+        pipeline(generator("click", own_ids=True), generator("view", own_ids=True)),  # ids of their own
+        pipeline(ScriptedInjector("src", []), ScriptedInjector("src", [])),  # fed by the harness, ids by input
+        pipeline(ScriptedInjector("src", [([Record("u", 1, 1, "a")], 5)]),
+                 ScriptedInjector("src", [([Record("u", 2, 1, "b")], 5)])),  # explicit ids
+        pipeline(ScriptedInjector("generator", [([Record("u", 1, 1)], 5)]), generator("view")),  # other rules
+        pipeline(generator("click"), generator("view"), exactly_once=False),  # no deduplication: nothing dropped
+    ]
+    for built in accepted:
+        harness = PipelineHarness(built)
+        harness.run_injectors()
+    # And the ones that do collide, also behind a wrapper that passes the records through.
+    with pytest.raises(PipelineError, match=r"both feed computation 'c'.*the same name 'generator'"):
+        pipeline(HeuristicWatermark(generator("click")), HeuristicWatermark(generator("view"))).validate()
+    with pytest.raises(PipelineError, match=r"both feed computation 'c'.*the same name 'src'"):
+        pipeline(ScriptedInjector("src", [([Record("u", 1, 1)], 5)]),
+                 ScriptedInjector("src", [([Record("u", 2, 1)], 5)])).validate()

@@ -962,6 +962,7 @@ class KeyGroupExecutor:
     def _dead_letter(self, key: str, delivery: Delivery | None, failure: _UserFailure) -> Produced:
         if delivery is not None:
             record = delivery.record
+            record.decode_again()  # the value as it arrived, not as the failed code left it
             try:
                 value = record.value
             except Exception as error:  # the value itself did not decode

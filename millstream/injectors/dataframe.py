@@ -105,8 +105,8 @@ class DataFrameInjector(Injector):
     def partitions(self) -> Sequence[str]:
         return tuple(str(p) for p in range(self.partition_count))
 
-    def id_namespace(self) -> str | None:
-        return self.name  # ids "<name>:<batch>:<partition>:<file>:<row>" or "<name>:<id column>"
+    def id_namespace(self) -> tuple[str, str] | None:
+        return ("dataframe", self.name)  # ids "<name>:<batch>:<partition>:<file>:<row>" or "<name>:<id column>"
 
     def initial_offset(self, partition: str) -> Offset:
         return {"batch": -1, "max_event_time": None, "end": False}

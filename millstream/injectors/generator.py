@@ -60,8 +60,15 @@ class GeneratorInjector(Injector):
     def partitions(self) -> Sequence[str]:
         return tuple(str(p) for p in range(self.partition_count))
 
-    def id_namespace(self) -> str | None:
-        return self.name  # ids "<name>/index/<i>", unless make_record gives its own
+    def id_namespace(self) -> tuple[str, str] | None:
+        # Ids derive_record_id(name, "index", i), unless make_record gives its own: asked of the first.
+        try:
+            first: Any = self.make_record(0) if self.total else None
+            if first is None or getattr(first, "id", None):
+                return None
+        except Exception:  # make_record's own mistake: reported, named, when the records are read
+            pass
+        return ("index", self.name)
 
     def _count(self, partition: int, limit: int) -> int:
         """How many of the first `limit` indices belong to `partition`."""

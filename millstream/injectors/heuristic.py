@@ -222,6 +222,9 @@ class HeuristicWatermark(Injector):
         return f"HeuristicWatermark({self.injector!r}, quantile={self.quantile}, half_life_ms={self.half_life_ms})"
 
     # -- the Injector contract -------------------------------------------------------------------
+    def id_namespace(self) -> tuple[str, str] | None:
+        return self.injector.id_namespace()  # the wrapped injector's records, ids and all
+
     def partitions(self) -> Sequence[str]:
         return self.injector.partitions()
 

@@ -146,6 +146,7 @@ class _ConsumerPool:
     @contextlib.contextmanager
     def lend(self, settings: Mapping[str, Any]) -> Iterator[Any]:
         key = tuple(sorted((name, str(value)) for name, value in settings.items()))
+        lent_in = os.getpid()  # a consumer lent before a fork stays out of the child's pool
         with self._lock:
             idle = self._idle.setdefault(key, [])
             consumer = idle.pop() if idle else None
@@ -160,10 +161,11 @@ class _ConsumerPool:
         try:
             yield consumer
         finally:
-            with contextlib.suppress(Exception):
-                consumer.unassign()  # stop its background fetching while it waits for the next read
-            with self._lock:
-                self._idle.setdefault(key, []).append(consumer)
+            if os.getpid() == lent_in:  # else the parent's, inherited mid-read: set aside, never touched
+                with contextlib.suppress(Exception):
+                    consumer.unassign()  # stop its background fetching while it waits for the next read
+                with self._lock:
+                    self._idle.setdefault(key, []).append(consumer)
 
     def close_all(self) -> None:
         with self._lock:
@@ -175,7 +177,8 @@ class _ConsumerPool:
 
 _POOL = _ConsumerPool()
 atexit.register(_POOL.close_all)
-os.register_at_fork(after_in_child=_POOL.forget_inherited)
+if hasattr(os, "register_at_fork"):  # POSIX; where there is no fork there is nothing to inherit
+    os.register_at_fork(after_in_child=_POOL.forget_inherited)
 
 
 class KafkaInjector(Injector):

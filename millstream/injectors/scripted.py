@@ -43,6 +43,7 @@ class ScriptedInjector(Injector):
         after the step). With `finish`, every watermark becomes END_OF_TIME after the last step, so
         every pending timer fires."""
         self.name = name
+        self.derives_ids = False  # any record of the steps without an id of its own
         self.watermark_keys = tuple(watermark_keys)
         previous = BEGINNING_OF_TIME
         keyed_previous = {key: BEGINNING_OF_TIME for key in self.watermark_keys}
@@ -59,14 +60,16 @@ class ScriptedInjector(Injector):
                     raise ValueError(f"step {number}: keyed watermark {key!r} {mark} goes back from "
                                      f"{keyed_previous[key]}")
             keyed_previous.update(keyed)
+            self.derives_ids = self.derives_ids or any(not isinstance(r, Malformed) and not r.id for r in records)
             self.steps.append(Step(tuple(
                 r if isinstance(r, Malformed) or r.id else r.with_id(derive_record_id(name, f"step{number}", i))
                 for i, r in enumerate(records)
             ), watermark, dict(keyed_previous)))
         self.finish = finish
 
-    def id_namespace(self) -> str | None:
-        return self.name  # ids of the steps' records that have none
+    def id_namespace(self) -> tuple[str, str] | None:
+        # Ids derive_record_id(name, "step<n>", i) for the steps' records given without one.
+        return ("steps", self.name) if self.derives_ids else None
 
     def initial_offset(self, partition: str) -> Offset:
         return {"step": 0}

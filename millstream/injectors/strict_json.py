@@ -8,6 +8,10 @@ becomes a dead letter where it is read instead of stopping the step that encodes
 Traceback (most recent call last):
 ...
 ValueError: JSON has no NaN
+>>> loads(b'[-12345678901234567890, 1e400]')
+Traceback (most recent call last):
+...
+ValueError: JSON number 1e400 is out of a float's range
 """
 
 from __future__ import annotations
@@ -18,16 +22,24 @@ from typing import Any
 
 import orjson
 
-# orjson is fast and strict but reads integers beyond 64 bits as floats: those take the stdlib path.
-_BIG_INTEGER_BYTES = re.compile(rb"\d{20}")
-_BIG_INTEGER_TEXT = re.compile(r"\d{20}")
+# orjson is fast and strict but reads integers outside [-2**63, 2**64) as floats: 20 digits, or 19
+# after a minus sign (as model/codecs.py's JSON codec). Those take the stdlib path.
+_BIG_INTEGER_BYTES = re.compile(rb"-\d{19}|\d{20}")
+_BIG_INTEGER_TEXT = re.compile(r"-\d{19}|\d{20}")
 
 
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"JSON has no {name}")
 
 
-_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
+def _finite(text: str) -> float:
+    number = float(text)
+    if number in (float("inf"), float("-inf")):  # 1e400: no float holds it
+        raise ValueError(f"JSON number {text} is out of a float's range")
+    return number
+
+
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite)
 
 
 def loads(data: bytes | str) -> Any:

@@ -7,6 +7,7 @@ state or stream they happened in.
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import pickle
@@ -30,14 +31,20 @@ class Codec(Protocol):
 
 
 def is_codec(codec: Any) -> bool:
-    """Whether `codec` is a codec object: encode() and decode() callable on it, and not a class
-    (`PickleCodec` where `PickleCodec()` was meant has both, unbound).
+    """Whether `codec` can encode and decode as it is: encode() and decode() callable on it, and, on
+    a class, static or class methods (`PickleCodec` where `PickleCodec()` was meant has both, but
+    unbound: each call would fail).
 
-    >>> is_codec(PickleCodec()), is_codec(PickleCodec), is_codec("json")
-    (True, False, False)
+    >>> class Upper:
+    ...     encode = staticmethod(lambda value: value.upper().encode())
+    ...     decode = staticmethod(lambda data: data.decode())
+    >>> is_codec(PickleCodec()), is_codec(PickleCodec), is_codec(Upper), is_codec("json")
+    (True, False, True, False)
     """
-    return not isinstance(codec, type) and callable(getattr(codec, "encode", None)) and callable(
-        getattr(codec, "decode", None))
+    if isinstance(codec, type):
+        return all(isinstance(inspect.getattr_static(codec, name, None), (staticmethod, classmethod))
+                   for name in ("encode", "decode"))
+    return callable(getattr(codec, "encode", None)) and callable(getattr(codec, "decode", None))
 
 
 _JSON_SCALARS = frozenset({str, int, bool, type(None)})

@@ -107,10 +107,11 @@ class Injector(ABC):
         """The partition's published low watermark once everything up to `offset` has been read;
         `END_OF_TIME` once it will never produce again."""
 
-    def id_namespace(self) -> str | None:
-        """What the record ids this injector makes itself derive from (a `name=` argument), or None
-        where they name their own source (a file's path, a topic's partition and offset) or come
-        with the input. Two injectors feeding one computation must not share one: the records of one
+    def id_namespace(self) -> tuple[str, str] | None:
+        """(how, name): what the record ids this injector makes itself derive from, a `name=`
+        argument and the rule applying it; None where it makes none (its records carry ids of
+        their own, or ids that name their source: a file's path, a topic's partition and offset).
+        Two injectors feeding one deduplicating computation must not share one: the records of one
         would be dropped as duplicates of the other's (Pipeline.validate refuses it)."""
         return None
 

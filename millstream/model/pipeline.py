@@ -507,7 +507,9 @@ class Pipeline:
     def _check_id_namespaces(self, node: ComputationNode) -> None:
         """Injectors feeding `node` that make record ids from the same name would have the records of
         one dropped as duplicates of the other's (deduplication goes by id): refused."""
-        by_namespace: dict[str, str] = {}
+        if not node.exactly_once:
+            return  # no deduplication: nothing dropped
+        by_namespace: dict[tuple[str, str], str] = {}
         for stream in node.inputs:
             for producer in self.producers(stream):
                 node_of = self.injectors.get(producer)
@@ -520,7 +522,7 @@ class Pipeline:
                 if other != producer:
                     raise PipelineError(
                         f"injectors {other!r} and {producer!r} both feed computation {node.name!r} and make "
-                        f"record ids from the same name {namespace!r}: the records of one would be dropped as "
+                        f"record ids from the same name {namespace[1]!r}: the records of one would be dropped as "
                         f"duplicates of the other's; give each a name of its own "
                         f"({type(node_of.injector).__name__}(..., name={producer!r}))")
 
