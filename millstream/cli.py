@@ -334,7 +334,7 @@ def run_pipeline(args: argparse.Namespace) -> int:
 def _run_on_harness(pipeline: Pipeline, args: argparse.Namespace) -> int:
     from millstream.testing import PipelineHarness
 
-    harness = PipelineHarness(pipeline)
+    harness = PipelineHarness(pipeline, wall_time=int(time.time() * 1000))  # run_on_harness follows the clock
     print(f"running {args.target} in-process (harness: no Spark, sinks not written)", flush=True)
 
     def snapshot(harness: Any) -> Snapshot:

@@ -104,3 +104,40 @@ def test_run_refuses_an_empty_root_and_never_deletes_the_directory_it_runs_in(tm
 
 def test_status_refuses_an_empty_root(tmp_path) -> None:
     assert_refused(call(millstream_main, "status", "", cwd=str(tmp_path)), "the root is empty")
+
+
+def test_a_harness_run_follows_the_wall_clock(tmp_path) -> None:
+    """`millstream run --runner harness` fires the wall-time timers due soon and lets a quiet input
+    declare itself idle, as SparkRunner.run does, before it reports done (it never moved the clock)."""
+    (tmp_path / "wallpipes.py").write_text('''
+from millstream import (Computation, Count, ListState, Pipeline, Record, ScriptedInjector, TimeDomain,
+                        TumblingWindows, WindowAggregate)
+
+
+class Buffer(Computation):
+    """Flushes a key's records 100 ms of wall time after its first."""
+
+    buf = ListState("buf")
+
+    def process_record(self, ctx, record):
+        if not ctx.state(self.buf).get():
+            ctx.set_timer("flush", ctx.wall_time + 100, TimeDomain.WALL_TIME)
+        ctx.state(self.buf).append(record.value)
+
+    def process_timer(self, ctx, timer):
+        ctx.produce(Record(ctx.key, ctx.state(self.buf).get(), ctx.low_watermark), "flushed")
+        ctx.state(self.buf).clear()
+
+
+wall = (Pipeline("wall").add_injector("in", ScriptedInjector("in", [([Record("k", i, i) for i in range(10)], 10)]), "ev")
+        .add_computation("buffer", Buffer(), ["ev"], ["flushed"]))
+counts = WindowAggregate(TumblingWindows(1_000), Count(), "counts")
+idle = (Pipeline("idle")
+        .add_injector("busy", ScriptedInjector("busy", [([Record("k", i, i * 100) for i in range(30)], 3_000)]), "ev")
+        .add_injector("quiet", ScriptedInjector("quiet", [], finish=False), "ev", idle_after_ms=300)
+        .add_computation("count", counts, ["ev"], counts.outputs))
+''')
+    flushed = call(millstream_main, "run", "wallpipes:wall", "--runner", "harness", cwd=str(tmp_path))
+    assert flushed.code == 0 and "flushed: 1 records" in flushed.stdout, flushed.output
+    counted = call(millstream_main, "run", "wallpipes:idle", "--runner", "harness", cwd=str(tmp_path))
+    assert counted.code == 0 and "counts: 3 records" in counted.stdout, counted.output  # [0, 3000) once quiet is idle

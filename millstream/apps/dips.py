@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import random
 import sys
+import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -283,7 +284,7 @@ def _main(argv: list[str] | None) -> int:
     else:
         from millstream.testing import PipelineHarness
 
-        harness = PipelineHarness(pipeline)
+        harness = PipelineHarness(pipeline, wall_time=int(time.time() * 1000))  # run_on_harness follows the clock
 
         def harness_snapshot(harness: Any) -> Snapshot:
             records = events_read(lambda name: harness.metrics(name).records)

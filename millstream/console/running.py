@@ -16,7 +16,7 @@ from typing import Any, Callable, Sequence
 
 from millstream.console.options import EXIT_USAGE, UsageError
 from millstream.console.progress import ComputationStatus, ProgressDisplay, Snapshot
-from millstream.model.pipeline import Pipeline
+from millstream.model.pipeline import WALL_TIMER_DRAIN_S, Pipeline
 from millstream.model.records import BEGINNING_OF_TIME
 
 EXIT_FAILED = 1
@@ -136,12 +136,17 @@ def _append_trace(path: str, error: BaseException) -> None:
 
 
 def run_on_harness(harness: Any, display: ProgressDisplay, snapshot: Callable[[Any], Snapshot],
-                   records_per_step: int = 5_000, timeout: float | None = None) -> Snapshot:
-    """Pull the harness's injectors and step it until everything settled, under `display`."""
+                   records_per_step: int = 5_000, timeout: float | None = None,
+                   wall_timer_drain_s: float = WALL_TIMER_DRAIN_S) -> Snapshot:
+    """Pull the harness's injectors and step it until everything settled, under `display`, its wall
+    clock following the real one (create the harness with `wall_time=` now): settled means nothing
+    moves and nothing would within `wall_timer_drain_s` (a wall-time timer falling due, an input
+    declaring itself idle), as SparkRunner.run waits."""
     started = time.time()
     last = 0.0
     with display:
         while True:
+            harness.advance_wall_time(max(harness.wall_time, int(time.time() * 1000)))
             moved = harness.pull_injectors(records_per_step)
             busy = harness.step()
             now = time.time()
@@ -149,7 +154,10 @@ def run_on_harness(harness: Any, display: ProgressDisplay, snapshot: Callable[[A
                 last = now
                 display.update(snapshot(harness))
             if not moved and not busy:
-                break
+                due = harness.next_wall_change()
+                if due is None or due > now * 1000 + wall_timer_drain_s * 1000:
+                    break
+                time.sleep(min(0.2, max(0.0, due / 1000 - now)))
             if timeout is not None and now - started > timeout:
                 raise RunFailed(f"not finished after {timeout:g} s")
         final = snapshot(harness)

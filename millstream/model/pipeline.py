@@ -55,6 +55,10 @@ UNHELD_WATERMARK_KEY = "~unheld"
 
 FILE_SINK_FORMATS = ("jsonl", "parquet")
 
+# A run to the end of its input also waits for the wall-time timers due within this long (later
+# ones stay pending): SparkRunner.run's default, and the command line's harness runs.
+WALL_TIMER_DRAIN_S = 30.0
+
 
 class PipelineError(ValueError):
     """The pipeline is wired wrong; the message says what and where."""

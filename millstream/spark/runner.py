@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 from millstream.core.plan import DEFAULT_KEY_GROUPS, ComputationPlan, plan_computation
 from millstream.core.watermarks import declared_keyed
 from millstream.model.locations import is_local, local_path
-from millstream.model.pipeline import ErrorPolicy, Pipeline, PipelineError, Production
+from millstream.model.pipeline import WALL_TIMER_DRAIN_S, ErrorPolicy, Pipeline, PipelineError, Production
 from millstream.model.records import Record
 from millstream.spark import statestore
 from millstream.spark.commit import BatchStager, Checkpoint, ComputationCommit, Publisher
@@ -494,7 +494,7 @@ class SparkRunner:
 
     def run(self, on_progress: Callable[[PipelineProgress], None] | None = None,
             progress_interval: float = 1.0, timeout: float | None = None,
-            wall_timer_drain_s: float = 30.0) -> PipelineProgress:
+            wall_timer_drain_s: float = WALL_TIMER_DRAIN_S) -> PipelineProgress:
         """Run until every injector has finished and every computation's low watermark reached
         END_OF_TIME, every published batch reached its sinks, and no wall-time timer is due within
         `wall_timer_drain_s` (later ones are left pending, listed in the returned progress's

@@ -34,7 +34,7 @@ from millstream.model.codecs import Codec, CodecError
 from millstream.model.injector import Malformed, Offset, check_injected
 from millstream.model.pipeline import (DEAD_LETTERS, UNHELD_WATERMARK_KEY, ErrorPolicy, Pipeline, PipelineError,
                                       Production)
-from millstream.model.records import BEGINNING_OF_TIME, Record, Timer, derive_record_id
+from millstream.model.records import BEGINNING_OF_TIME, END_OF_TIME, Record, Timer, derive_record_id
 
 
 class InjectorFailed(RuntimeError):
@@ -284,6 +284,19 @@ class PipelineHarness:
         """The (key, record id) pairs the computation still remembers to discard duplicates."""
         run = self._run(computation)
         return sorted((key, rid) for store in _stores(run) for key, rid, _ in store.dedup.entries())
+
+    def next_wall_change(self) -> int | None:
+        """The earliest wall time at which the pipeline would move with no new input: a wall-time
+        timer falling due, or an injector partition (with `idle_after_ms`, not finished) declaring
+        itself idle; None if none would. What a run that follows the real clock waits for."""
+        times = [t for name in self._runs if (t := self.pending_wall_timers(name)) is not None]
+        for name, node in self.pipeline.injectors.items():
+            if node.idle_after_ms is None:
+                continue
+            for partition in node.injector.partitions():
+                if (name, partition) not in self._idle and self._watermarks[(name, partition)] < END_OF_TIME:
+                    times.append(self._active[(name, partition)] + node.idle_after_ms)
+        return min(times) if times else None
 
     def pending_wall_timers(self, computation: str) -> int | None:
         """The earliest wall-time timer still pending in the computation, if any."""

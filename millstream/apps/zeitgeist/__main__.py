@@ -203,7 +203,7 @@ def run_harness(args: argparse.Namespace, pipeline: Any, injector: ZeitgeistInje
                 display: ProgressDisplay) -> dict[str, Any]:
     from millstream.testing import PipelineHarness
 
-    harness = PipelineHarness(pipeline)
+    harness = PipelineHarness(pipeline, wall_time=int(time.time() * 1000))  # run_on_harness follows the clock
     anomalies = AnomalyCounter(lambda: [r.value for r in harness.output("anomalies")], every_s=0.0)
 
     def snapshot(harness: Any) -> Snapshot:
