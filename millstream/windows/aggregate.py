@@ -16,7 +16,11 @@ How it runs, per key (the paper's Windower, generalised):
 
 A record that is not late can only fall in windows still open (its timestamp is at or past the low
 watermark, so every window containing it ends after the watermark): no window is ever produced
-twice, and the output does not depend on how the runner batches the input.
+twice, and the output does not depend on how the runner batches one sender's input. With several
+senders (two injectors, say), how their watermark advances interleave is the inputs' own timing
+(docs/design.md, "Input points"): a record that breaks its sender's promise may be judged late in
+one interleaving and not in another; records that keep their senders' promises give the same
+windows in every one.
 """
 
 from __future__ import annotations
