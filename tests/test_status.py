@@ -180,6 +180,15 @@ def test_status_refuses_what_is_not_a_root(tmp_path):
         read_root(str(tmp_path))
     write(tmp_path / "pipeline.json", {**RootLayout("demo", 4, {"up": None}, None).record(), "format": 2})
     assert_refused(run("millstream", "status", str(tmp_path)), "written by another version of millstream")
+    from millstream.spark.layout import LAYOUT_FORMAT
+
+    for cut_short in ("", "garbage", json.dumps({"format": LAYOUT_FORMAT})):  # cut short, another tool's, no fields
+        (tmp_path / "pipeline.json").write_text(cut_short)
+        with pytest.raises(UsageError, match=r"its pipeline.json is not a millstream layout"):
+            read_root(str(tmp_path))
+    (tmp_path / "a-file").write_text("x")
+    with pytest.raises(UsageError, match=r"a-file: a file, not a root directory"):
+        read_root(str(tmp_path / "a-file"))
 
 
 def test_watch_follows_the_root_until_ctrl_c(tmp_path):

@@ -89,7 +89,7 @@ def _storage(root: str) -> Any:
     if not root.strip():
         raise UsageError("the root is empty; give a millstream root, e.g. millstream status ./millstream-data")
     if is_local(root) and not os.path.isdir(root):
-        raise UsageError(f"{root}: no such directory")
+        raise UsageError(f"{root}: {'a file, not a root directory' if os.path.exists(root) else 'no such directory'}")
     storage = Storage(root)
     if not storage.exists(LAYOUT_FILE):
         raise UsageError(f"{root} holds no millstream pipeline (no {LAYOUT_FILE}; run one with this --root first)")
@@ -102,7 +102,10 @@ def read_root(root: str, with_history: bool = True) -> RootView:
     from millstream.spark.publog import PublicationLog
 
     storage = _storage(root)
-    layout = read_layout(storage)
+    try:
+        layout = read_layout(storage)
+    except (ValueError, KeyError, TypeError) as error:  # not JSON, or not a layout (cut short, another tool's)
+        raise UsageError(f"{root}: its {LAYOUT_FILE} is not a millstream layout ({error})") from None
     if layout is None:
         raise UsageError(f"{root} holds a pipeline written by another version of millstream ({LAYOUT_FILE})")
     names = list(layout.computations)
