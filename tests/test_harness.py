@@ -494,3 +494,22 @@ def test_feed_assigns_deterministic_ids_when_missing():
         h.feed("src", [Record("k", i, 0) for i in range(3)] + [Record("k", 3, 0, "given")])
         ids.append([r.id for r in h.output("in")])
     assert ids[0] == ids[1] and ids[0][3] == "given" and len(set(ids[0])) == 4
+
+
+def test_times_and_keys_that_are_not_ints_and_strs_are_refused_where_given():
+    """A float watermark or wall time reached user code's ctx.low_watermark / ctx.wall_time and failed
+    there; a non-str key failed deep inside the state decoding."""
+    harness = PipelineHarness(Pipeline("p").add_injector("src", ScriptedInjector("src", []), "in")
+                              .add_computation("c", Windower(), ["in"], ["counts"]))
+    with pytest.raises(ValueError, match=r"injector 'src' watermark is a float \(999.5\)"):
+        harness.feed("src", [Record("k", 1, 5)], watermark=999.5)
+    with pytest.raises(ValueError, match=r"injector 'src' watermark is a str"):
+        harness.advance_watermark("src", "1000")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"the wall time is a float"):
+        harness.advance_wall_time(1.5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"keys are str, got int \(7\)"):
+        harness.state("c", 7)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"keys are str"):
+        harness.pending_timers("c", 7)  # type: ignore[arg-type]
+    harness.feed("src", [Record("k", 1, 5)], watermark=1_000)  # ints: fine
+    harness.run()

@@ -34,7 +34,7 @@ from millstream.model.codecs import Codec, CodecError
 from millstream.model.injector import Malformed, Offset, check_injected
 from millstream.model.pipeline import (DEAD_LETTERS, UNHELD_WATERMARK_KEY, ErrorPolicy, Pipeline, PipelineError,
                                       Production)
-from millstream.model.records import BEGINNING_OF_TIME, END_OF_TIME, Record, Timer, derive_record_id
+from millstream.model.records import BEGINNING_OF_TIME, END_OF_TIME, Record, Timer, derive_record_id, timestamp_problem
 
 
 class InjectorFailed(RuntimeError):
@@ -69,6 +69,14 @@ def _encoded(codec: Codec, record: Record[Any], injector: str, stream: str) -> b
     except CodecError as error:
         raise CodecError(f"injector {injector!r}, stream {stream!r}, record {record.id or record.key!r}: {error}") \
             from None
+
+
+def _check_time(what: str, value: Any) -> None:
+    """Refuse a time that is not int milliseconds in range (a float would reach user code's
+    ctx.low_watermark or ctx.wall_time, and fail there as if the user's code were wrong)."""
+    problem = timestamp_problem(value)
+    if problem is not None:
+        raise ValueError(f"{what} {problem}")
 
 
 class PipelineHarness:
@@ -162,6 +170,7 @@ class PipelineHarness:
         self._publish_injector(injector, partition, [], [], idle=True)
 
     def advance_wall_time(self, wall_time: int) -> None:
+        _check_time("the wall time", wall_time)
         if wall_time < self.wall_time:
             raise ValueError("the wall clock does not go back")
         self.wall_time = wall_time
@@ -396,6 +405,7 @@ class PipelineHarness:
                            segment=0, traceback_text=None)
 
     def _set_watermark(self, injector: str, partition: str, watermark: int) -> None:
+        _check_time(f"injector {injector!r} watermark", watermark)
         current = self._watermarks[(injector, partition)]
         if watermark < current:
             raise ValueError(f"injector {injector!r} watermark cannot go back from {current} to {watermark}")
@@ -407,6 +417,7 @@ class PipelineHarness:
             if key not in current or key == UNHELD_WATERMARK_KEY:
                 raise ValueError(f"injector {injector!r} publishes no watermark key {key!r}; its watermark_keys: "
                                  f"{sorted(declared_keyed(current))}")
+            _check_time(f"injector {injector!r} keyed watermark {key!r}", watermark)
             if watermark < current[key]:
                 raise ValueError(f"injector {injector!r} keyed watermark {key!r} cannot go back from "
                                  f"{current[key]} to {watermark}")
@@ -423,6 +434,8 @@ class PipelineHarness:
         return partition
 
     def _blob(self, run: _ComputationRun, key: str) -> bytes | None:
+        if not isinstance(key, str):
+            raise TypeError(f"keys are str, got {type(key).__name__} ({key!r:.40})")
         executor = run.executors[key_group(key, run.plan.key_groups)]
         return executor.store.load([key]).get(key)
 
