@@ -80,14 +80,17 @@ class TumblingWindows:
 
 @dataclass(frozen=True)
 class SlidingWindows:
-    """Windows of `size_ms` starting every `slide_ms`: a record is in size_ms / slide_ms windows
-    (rounded up). `slide_ms` may not exceed `size_ms`: a record in a gap between windows would be
+    """Windows of `size_ms` starting every `slide_ms`: a record is in size_ms / slide_ms windows,
+    rounded down or up by where it falls (1,000 / 300: in 3 or 4). `slide_ms` may not exceed
+    `size_ms`: a record in a gap between windows would be
     in none of them, which this module refuses rather than dropping it silently.
 
     >>> SlidingWindows(3_000, 1_000).windows_of(2_500)
     [Window(start=0, end=3000), Window(start=1000, end=4000), Window(start=2000, end=5000)]
     >>> SlidingWindows(1_000, 1_000).windows_of(2_500) == TumblingWindows(1_000).windows_of(2_500)
     True
+    >>> len(SlidingWindows(1_000, 300).windows_of(0)), len(SlidingWindows(1_000, 300).windows_of(100))
+    (4, 3)
     """
 
     size_ms: int
