@@ -162,10 +162,12 @@ def _identity(accumulator: Any) -> Any:
 class Fold(Generic[In, Acc, Out]):
     """Your own aggregator from plain functions. `finish` defaults to returning the accumulator.
     Use module-level functions (or lambdas) without outside state: they run on Spark's workers.
+    Give the types (value, accumulator, result) as below where code is type-checked: mypy cannot
+    infer them from lambdas.
 
-    >>> mean = Fold(init=lambda: [0, 0.0],
-    ...             add=lambda acc, v: [acc[0] + 1, acc[1] + v],
-    ...             finish=lambda acc: acc[1] / acc[0])
+    >>> mean = Fold[float, list, float](init=lambda: [0, 0.0],
+    ...                                 add=lambda acc, v: [acc[0] + 1, acc[1] + v],
+    ...                                 finish=lambda acc: acc[1] / acc[0])
     >>> mean.finish(mean.add(mean.add(mean.init(), 1.0), 2.0))
     1.5
     """
