@@ -107,11 +107,12 @@ def test_status_refuses_an_empty_root(tmp_path) -> None:
 
 
 def test_a_harness_run_follows_the_wall_clock(tmp_path) -> None:
-    """`millstream run --runner harness` fires the wall-time timers due soon and lets a quiet input
-    declare itself idle, as SparkRunner.run does, before it reports done (it never moved the clock)."""
+    """`millstream run --runner harness` fires the wall-time timers due soon, lets a quiet input
+    declare itself idle, and waits for a paced input, as SparkRunner.run does, before it reports done
+    (it never moved the clock, and stopped when nothing was there yet)."""
     (tmp_path / "wallpipes.py").write_text('''
-from millstream import (Computation, Count, ListState, Pipeline, Record, ScriptedInjector, TimeDomain,
-                        TumblingWindows, WindowAggregate)
+from millstream import (Computation, Count, GeneratorInjector, ListState, Pipeline, Record, ScriptedInjector,
+                        TimeDomain, TumblingWindows, WindowAggregate)
 
 
 class Buffer(Computation):
@@ -129,6 +130,10 @@ class Buffer(Computation):
         ctx.state(self.buf).clear()
 
 
+paced = (Pipeline("paced")
+         .add_injector("gen", GeneratorInjector(lambda i: Record("k", i, i), total=20, low_watermark=lambda n: n,
+                                                records_per_second=40), "in")
+         .add_computation("buffer", Buffer(), ["in"], ["flushed"]))
 wall = (Pipeline("wall").add_injector("in", ScriptedInjector("in", [([Record("k", i, i) for i in range(10)], 10)]), "ev")
         .add_computation("buffer", Buffer(), ["ev"], ["flushed"]))
 counts = WindowAggregate(TumblingWindows(1_000), Count(), "counts")
@@ -141,3 +146,6 @@ idle = (Pipeline("idle")
     assert flushed.code == 0 and "flushed: 1 records" in flushed.stdout, flushed.output
     counted = call(millstream_main, "run", "wallpipes:idle", "--runner", "harness", cwd=str(tmp_path))
     assert counted.code == 0 and "counts: 3 records" in counted.stdout, counted.output  # [0, 3000) once quiet is idle
+    # An input paced at 40 records/s is read to its end (the run stopped at once, 0 of 20 read).
+    paced = call(millstream_main, "run", "wallpipes:paced", "--runner", "harness", cwd=str(tmp_path))
+    assert paced.code == 0 and "in: 20 records" in paced.stdout, paced.output

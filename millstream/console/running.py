@@ -139,9 +139,10 @@ def run_on_harness(harness: Any, display: ProgressDisplay, snapshot: Callable[[A
                    records_per_step: int = 5_000, timeout: float | None = None,
                    wall_timer_drain_s: float = WALL_TIMER_DRAIN_S) -> Snapshot:
     """Pull the harness's injectors and step it until everything settled, under `display`, its wall
-    clock following the real one (create the harness with `wall_time=` now): settled means nothing
-    moves and nothing would within `wall_timer_drain_s` (a wall-time timer falling due, an input
-    declaring itself idle), as SparkRunner.run waits."""
+    clock following the real one (create the harness with `wall_time=` now): settled means every
+    injector partition finished or declared itself idle (a rate-limited input is waited for), nothing
+    moves, and nothing would within `wall_timer_drain_s` (a wall-time timer falling due, an input
+    declaring itself idle), as SparkRunner.run waits (which also waits for idle inputs to finish)."""
     started = time.time()
     last = 0.0
     with display:
@@ -155,9 +156,12 @@ def run_on_harness(harness: Any, display: ProgressDisplay, snapshot: Callable[[A
                 display.update(snapshot(harness))
             if not moved and not busy:
                 due = harness.next_wall_change()
-                if due is None or due > now * 1000 + wall_timer_drain_s * 1000:
+                if due is not None and due <= now * 1000 + wall_timer_drain_s * 1000:
+                    time.sleep(min(0.2, max(0.0, due / 1000 - now)))
+                elif harness.inputs_to_come():
+                    time.sleep(0.05)  # an input with more to come later (a rate, a live source)
+                else:
                     break
-                time.sleep(min(0.2, max(0.0, due / 1000 - now)))
             if timeout is not None and now - started > timeout:
                 raise RunFailed(f"not finished after {timeout:g} s")
         final = snapshot(harness)

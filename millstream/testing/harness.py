@@ -307,6 +307,13 @@ class PipelineHarness:
                     times.append(self._active[(name, partition)] + node.idle_after_ms)
         return min(times) if times else None
 
+    def inputs_to_come(self) -> list[tuple[str, str]]:
+        """The injector partitions that may still send: neither finished (their low watermark short of
+        END_OF_TIME) nor declared idle. What a run to the end of the input waits for."""
+        return [(name, partition) for name, node in self.pipeline.injectors.items()
+                for partition in node.injector.partitions()
+                if self._watermarks[(name, partition)] < END_OF_TIME and (name, partition) not in self._idle]
+
     def pending_wall_timers(self, computation: str) -> int | None:
         """The earliest wall-time timer still pending in the computation, if any."""
         times = [e.store.next_wall_time() for e in self._run(computation).executors]
