@@ -151,9 +151,8 @@ class DataFrameInjector(Injector):
                     if key is None or timestamp is None:
                         yield Malformed(position, repr(row), f"null {'key' if key is None else 'timestamp'} column")
                         continue
-                    problem = timestamp_problem(timestamp)
-                    if problem is not None:  # epoch microseconds in a long column, say
-                        yield Malformed(position, repr(row), f"timestamp {problem}")
+                    if not BEGINNING_OF_TIME <= timestamp <= END_OF_TIME:  # epoch microseconds, say
+                        yield Malformed(position, repr(row), f"timestamp {timestamp_problem(timestamp)}")
                         continue
                     value = row[value_columns] if isinstance(value_columns, str) else row
                     yield Record(key, value, timestamp,

@@ -17,15 +17,11 @@ ValueError: JSON number 1e400 is out of a float's range
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 import orjson
 
-# orjson is fast and strict but reads integers outside [-2**63, 2**64) as floats: 20 digits, or 19
-# after a minus sign (as model/codecs.py's JSON codec). Those take the stdlib path.
-_BIG_INTEGER_BYTES = re.compile(rb"-\d{19}|\d{20}")
-_BIG_INTEGER_TEXT = re.compile(r"-\d{19}|\d{20}")
+from millstream.model.codecs import BIG_INTEGER
 
 
 def _reject_constant(name: str) -> Any:
@@ -44,16 +40,10 @@ _DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite
 
 def loads(data: bytes | str) -> Any:
     """The JSON value of `data` (UTF-8 bytes or text); ValueError where it is not strict JSON."""
-    if isinstance(data, str):
-        if _BIG_INTEGER_TEXT.search(data) is None:
-            try:
-                return orjson.loads(data)
-            except orjson.JSONDecodeError:
-                pass
-        return _DECODER.decode(data)
-    if _BIG_INTEGER_BYTES.search(data) is None:
+    raw = data.encode() if isinstance(data, str) else bytes(data)
+    if BIG_INTEGER.search(raw) is None:  # orjson reads those as floats: they take the exact stdlib path
         try:
-            return orjson.loads(data)
+            return orjson.loads(raw)
         except orjson.JSONDecodeError:
             pass
-    return _DECODER.decode(bytes(data).decode("utf-8"))
+    return _DECODER.decode(raw.decode("utf-8"))

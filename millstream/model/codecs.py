@@ -53,7 +53,7 @@ _ORJSON_OPTIONS = orjson.OPT_SORT_KEYS
 _JSON_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
 _JSON_DECODER = json.JSONDecoder()
 # orjson reads integers outside [-2**63, 2**64) as floats: 20 digits, or 19 after a minus sign.
-_BIG_INTEGER = re.compile(rb"-\d{19}|\d{20}")
+BIG_INTEGER = re.compile(rb"-\d{19}|\d{20}")
 
 
 def _orjson(value: Any, option: int = 0) -> bytes:
@@ -154,7 +154,7 @@ class JsonCodec:
 
     def decode(self, data: bytes) -> Any:
         # Texts that may hold such an integer take the exact stdlib path.
-        if len(data) < 20 or _BIG_INTEGER.search(data) is None:
+        if len(data) < 20 or BIG_INTEGER.search(data) is None:
             try:
                 return orjson.loads(data)
             except orjson.JSONDecodeError:
