@@ -37,6 +37,7 @@ from millstream import (
     KafkaInjectorError,
     Malformed,
     Pipeline,
+    PipelineError,
     Record,
     ValueState,
 )
@@ -102,8 +103,8 @@ class Broker:
         pytest.fail(f"the Tansu broker ({self.binary}) did not start on {self.bootstrap} within {timeout_s} s "
                     f"(exit code {self.process.returncode}); its output:\n{output}")
 
-    def create_topic(self, partitions: int) -> str:
-        name = f"t-{uuid.uuid4().hex[:10]}"
+    def create_topic(self, partitions: int, name: str | None = None) -> str:
+        name = name or f"t-{uuid.uuid4().hex[:10]}"
         subprocess.run([self.binary, "topic", "create", name, "--partitions", str(partitions), "--broker", self.url],
                        check=True, capture_output=True, timeout=30)
         return name
@@ -481,6 +482,44 @@ def _read_in_a_forked_child(injector: KafkaInjector, partition: str) -> tuple[li
         child.join()
     assert child.exitcode == 0, f"the forked reader failed or hung (exit code {child.exitcode})"
     return results.get(timeout=5)
+
+
+def test_same_named_topics_of_two_clusters_feed_one_computation_once_named(broker, tmp_path):
+    """Ids name the topic, not the cluster: two injectors reading a topic of the same name from two
+    clusters into one computation would have one's records dropped as duplicates of the other's.
+    Refused unless each injector names its ids; named, every record of both counts once."""
+    other = Broker(str(tmp_path))
+    try:
+        topic = broker.create_topic(1)
+        other.create_topic(1, name=topic)
+        east = produce(broker, topic, json_messages(random.Random(11), 6, partitions=1))
+        west = produce(other, topic, json_messages(random.Random(12), 6, partitions=1))
+
+        def pipeline(computation: Count, **names: str) -> Pipeline:
+            return (Pipeline("regions")
+                    .add_injector("east", KafkaInjector(topic, broker.bootstrap, max_out_of_orderness_ms=BOUND_MS,
+                                                        **({"name": names["east"]} if "east" in names else {})),
+                                  "clicks")
+                    .add_injector("west", KafkaInjector(topic, other.bootstrap, max_out_of_orderness_ms=BOUND_MS,
+                                                        **({"name": names["west"]} if "west" in names else {})),
+                                  "clicks")
+                    .add_computation("count", computation, ["clicks"]))
+
+        with pytest.raises(PipelineError, match=r"'east' and 'west' both feed computation 'count'.*name="):
+            pipeline(Count()).validate()
+        with pytest.raises(PipelineError, match=r"'east' and 'west' both feed computation 'count'.*name="):
+            pipeline(Count(), east="eu", west="eu").validate()
+        with pytest.raises(ValueError, match="without ':'"):
+            KafkaInjector(topic, broker.bootstrap, max_out_of_orderness_ms=0, name="eu:1")
+        computation = Count()
+        harness = PipelineHarness(pipeline(computation, east="east", west="west"))
+        harness.run_injectors()
+        expected = collections.Counter(s.key for s in east + west)
+        assert {key: harness.state("count", key)["count"] for key in expected} == dict(expected)
+        assert sorted(computation.ids) == sorted([f"east:{topic}:0:{s.offset}" for s in east]
+                                                 + [f"west:{topic}:0:{s.offset}" for s in west])
+    finally:
+        other.stop()
 
 
 def test_a_forked_worker_reads_with_its_own_connections(broker):

@@ -210,6 +210,10 @@ class KafkaInjector(Injector):
         config: extra librdkafka consumer settings (security.protocol, sasl.*, ssl.*, ...).
         max_records_per_read: the most records one latest_offset hands out per partition.
         timeout_s: how long a broker request, or a read that makes no progress, may take.
+        name: what record ids begin with: "name:topic:partition:offset" (None: "topic:partition:
+            offset"). Ids name the topic, not the cluster: injectors reading same-named topics of
+            two clusters into one computation each need a name of their own (Pipeline.validate
+            refuses them without).
     """
 
     def __init__(
@@ -226,6 +230,7 @@ class KafkaInjector(Injector):
         config: Mapping[str, Any] | None = None,
         max_records_per_read: int = DEFAULT_MAX_RECORDS_PER_READ,
         timeout_s: float = 10.0,
+        name: str | None = None,
     ) -> None:
         _client()  # fail now, with the install hint, rather than on a Spark worker
         if not topic:
@@ -246,7 +251,12 @@ class KafkaInjector(Injector):
             raise ValueError(f"starting offsets must be >= 0, got {dict(starting_offsets)!r}")
         if max_records_per_read < 1:
             raise ValueError("max_records_per_read must be >= 1")
+        if name is not None and (not isinstance(name, str) or not name or ":" in name):
+            raise ValueError(f"name must be a non-empty string without ':', got {name!r}")
         self.topic = topic
+        self.name = name
+        # What every record id of this injector begins with (then "partition:offset").
+        self._id_prefix = f"{topic}:" if name is None else f"{name}:{topic}:"
         self.bootstrap_servers = bootstrap_servers
         self.max_out_of_orderness_ms = max_out_of_orderness_ms
         self.value_format = value_format
@@ -267,13 +277,19 @@ class KafkaInjector(Injector):
 
     def __repr__(self) -> str:
         # Setting names only: their values may be credentials.
-        return (f"KafkaInjector(topic={self.topic!r}, bootstrap_servers={self.bootstrap_servers!r}, "
+        return (f"KafkaInjector(topic={self.topic!r}, name={self.name!r}, "
+                f"bootstrap_servers={self.bootstrap_servers!r}, "
                 f"partitions={list(self._partitions)}, max_out_of_orderness_ms={self.max_out_of_orderness_ms}, "
                 f"config keys={sorted(self.config)})")
 
     # -- the Injector contract -------------------------------------------------------------------
     def partitions(self) -> Sequence[str]:
         return self._partitions
+
+    def id_namespace(self) -> tuple[str, str] | None:
+        # Ids "topic:partition:offset" share a namespace with every injector over a same-named topic
+        # (of any cluster); a name given sets them apart.
+        return ("topic", self.topic) if self.name is None else ("name", self.name)
 
     def initial_offset(self, partition: str) -> Offset:
         number = self._number(partition)
@@ -415,7 +431,7 @@ class KafkaInjector(Injector):
     # -- decoding --------------------------------------------------------------------------------
     def _record(self, message: Any) -> Record[Any] | Malformed:
         offset = message.offset()
-        position = f"{self.topic}:{message.partition()}:{offset}"
+        position = f"{self._id_prefix}{message.partition()}:{offset}"
         try:
             decoded = self._decode(message)
             event_time = self._event_time(decoded)
