@@ -87,6 +87,78 @@ def test_ids_read_in_a_step_whose_watermark_jumps_past_the_horizon_are_kept():
     assert h.metrics("count").duplicates == 1 and h.state("count", "k") == {"n": 1}
 
 
+def _points_alone_and_together(pipeline, points):
+    """The harness's outcome with a run after each input point, and with one run for them all:
+    [(outputs' values, metrics)] for each."""
+    outcomes = []
+    for together in (False, True):
+        h = PipelineHarness(pipeline())
+        for point in points:
+            point(h)
+            if not together:
+                h.run()
+        h.run()
+        outcomes.append(h)
+    return outcomes
+
+
+def test_an_id_past_its_horizon_is_forgotten_between_input_points_of_one_step():
+    # Point 1 reads id "a" (mark 10); point 2 moves the watermark a horizon past it; point 3 brings "a"
+    # again. Run point by point, "a" is forgotten at the end of point 2 and its copy is delivered
+    # (late): one step holding the three points must do the same.
+    def pipeline():
+        return (Pipeline("p").add_injector("src", ScriptedInjector("src", []), "in")
+                .add_computation("fwd", Forward(), ["in"], ["out"], dedup_horizon_ms=1_000))
+
+    points = [lambda h: h.feed("src", [Record("k", 1, 0, "a")], watermark=10),
+              lambda h: h.advance_watermark("src", 1_011),
+              lambda h: h.feed("src", [Record("k", 2, 0, "a")])]
+    for h in _points_alone_and_together(pipeline, points):
+        assert [r.value for r in h.output("out")] == [1, 2]
+        assert (h.metrics("fwd").records, h.metrics("fwd").duplicates, h.metrics("fwd").late) == (2, 0, 1)
+    # Within the horizon it stays a duplicate, together as alone.
+    points[1] = lambda h: h.advance_watermark("src", 1_010)
+    for h in _points_alone_and_together(pipeline, points):
+        assert [r.value for r in h.output("out")] == [1] and h.metrics("fwd").duplicates == 1
+
+
+def test_a_value_past_its_ttl_is_gone_between_input_points_of_one_step():
+    # Written at watermark 10 with a TTL of 100; the watermark reaches 500 in point 2; point 3's
+    # record reads it: gone, whether the points run one by one or in one step. And a timer firing
+    # in a later point than the write, with nothing of the key in between, reads it gone too.
+    class Read(Computation):
+        v = ValueState[str]("v", ttl_ms=100)
+
+        def process_record(self, ctx, record):
+            ctx.produce(Record(ctx.key, ["record", ctx.state(self.v).get()], record.timestamp), "out")
+            if record.value == "write":
+                ctx.state(self.v).set("x")
+                ctx.set_timer("late", 400)
+
+        def process_timer(self, ctx, timer):
+            ctx.produce(Record(ctx.key, ["timer", ctx.state(self.v).get()], timer.time), "out")
+
+    def pipeline():
+        return (Pipeline("p").add_injector("src", ScriptedInjector("src", []), "in")
+                .add_computation("c", Read(), ["in"], ["out"], dedup_horizon_ms=0))
+
+    points = [lambda h: h.feed("src", [Record("k", "write", 0, "a")], watermark=10),
+              lambda h: h.advance_watermark("src", 300),
+              lambda h: h.advance_watermark("src", 500),
+              lambda h: h.feed("src", [Record("k", "read", 600, "b")])]
+    for h in _points_alone_and_together(pipeline, points):
+        assert [r.value for r in h.output("out")] == [["record", None], ["timer", None], ["record", None]]
+    # Within the TTL the value is read, together as alone.
+    points[1] = lambda h: h.advance_watermark("src", 100)
+    points[2] = lambda h: h.advance_watermark("src", 110)
+    points[3] = lambda h: h.feed("src", [Record("k", "read", 600, "b")], watermark=400)
+    for h in _points_alone_and_together(pipeline, points):
+        assert [r.value for r in h.output("out")] == [["record", None], ["record", "x"], ["timer", "x"]]
+
+
+    
+
+
 def test_a_key_whose_timer_fired_and_whose_state_is_gone_disappears():
     class Once(Computation):
         pending = ValueState[int]("pending")
@@ -134,6 +206,47 @@ def test_state_ttl_expires_values_in_low_watermark_time_untouched_keys_included(
     h.advance_watermark("src", 1_101)
     h.run()
     assert h.state("remember", "k") == {"seen": {"7": 1}}
+
+
+def test_a_ttl_taken_away_on_restart_keeps_the_value_for_good():
+    # A key written under a TTL, then run by the computation declared without it (a restart with
+    # changed code, on the same store): the value stays and no longer expires; the TTL's mark goes.
+    from millstream.core.executor import Delivery, KeyGroupExecutor
+    from millstream.core.plan import plan_computation
+    from millstream.core.store import MemoryKeyStore
+    from millstream.core.watermarks import Segment
+
+    def remember(ctx, record, last):
+        if record.value is not None:
+            ctx.state(last).set(record.value)
+        else:
+            ctx.produce(Record(ctx.key, ctx.state(last).get(), record.timestamp), "out")
+
+    class Remember(Computation):
+        last = ValueState[int]("last", ttl_ms=1_000)
+
+        def process_record(self, ctx, record):
+            remember(ctx, record, self.last)
+
+    class RememberForGood(Computation):  # the same code, the TTL taken away
+        last = ValueState[int]("last")
+
+        def process_record(self, ctx, record):
+            remember(ctx, record, self.last)
+
+    def executor(computation, store):
+        pipeline = (Pipeline("p").add_injector("src", ScriptedInjector("src", []), "in")
+                    .add_computation("c", computation, ["in"], ["out"], dedup_horizon_ms=0))
+        return KeyGroupExecutor(plan_computation(pipeline, "c", key_groups=1), store)
+
+    store = MemoryKeyStore()
+    executor(Remember(), store).step([Delivery("k", "in", Record("k", 7, 100, "a"), 0, True)], [Segment(0, 100)], 0)
+    assert KeyState.loads(store.load(["k"])["k"]).written == {"last": 100}
+    later = executor(RememberForGood(), store)
+    result = later.step([Delivery("k", "in", Record("k", None, 5_000, "b"), 0, True)], [Segment(5_000, 5_000)], 0)
+    assert [p.value for p in result.productions] == [b"7"]
+    assert KeyState.loads(store.load(["k"])["k"]).written == {}
+    assert store.due(END_OF_TIME, 0, {}) == []  # nothing left to wake it for
 
 
 def test_ctx_clear_discards_everything_of_the_key():

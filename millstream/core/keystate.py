@@ -328,6 +328,8 @@ class KeyState:
             elif lw is None or time < lw:
                 lw = time
         for name, mark in self.written.items():
+            if name not in ttls:  # its TTL taken away since (a restart): the next expire drops the mark
+                continue
             expiry = mark + ttls[name] + 1
             lw = expiry if lw is None or expiry < lw else lw
         return lw, wall, keyed
@@ -335,7 +337,10 @@ class KeyState:
     def expire(self, low_watermark: int, ttls: dict[str, int]) -> None:
         """Forget state values whose TTL is up at `low_watermark`."""
         for name, mark in list(self.written.items()):
-            if low_watermark > mark + ttls[name]:
+            ttl = ttls.get(name)
+            if ttl is None:  # the state has no TTL any more (a restart took it away): its value stays
+                del self.written[name]
+            elif low_watermark > mark + ttl:
                 self.drop(name)
 
     def hold(self) -> int | None:
