@@ -14,8 +14,8 @@ import xxhash
 
 from millstream import (Computation, JsonCodec, ListState, MapState, PickleCodec, Pipeline, Record, ScriptedInjector,
                         StrCodec, TimeDomain, ValueState)
-from millstream.core.executor import (ComputationError, ComputationFailed, Delivery, KeyGroupExecutor, inspect_key,
-                                      record_cause, timer_cause, timer_setter)
+from millstream.core.executor import (ComputationError, ComputationFailed, Delivery, KeyGroupExecutor, StepMetrics,
+                                      inspect_key, record_cause, timer_cause, timer_setter)
 from millstream.core.plan import plan_computation
 from millstream.core.store import MemoryKeyStore
 from millstream.core.watermarks import Segment
@@ -753,16 +753,37 @@ def test_each_dead_letter_has_the_traceback_of_its_own_failure():
 def test_a_rerun_without_a_failing_record_counts_only_what_reached_user_code(computation):
     # One key, one point: a late record, a failing one, a duplicate of the first, one more. The
     # key's step runs again without the failing record (per record) or without the records of the
-    # point's failed call (batched: the first copy of r1 is among them, so its second copy is no
-    # duplicate in the rerun): the metrics count the run that stood, not the one that failed.
+    # point's failed call (batched: the first copy of r1 is among them, dead-lettered, so its second
+    # copy is a duplicate of it): the metrics count the run that stood, not the one that failed.
     deliveries = [deliver("k", "ok-late", 50, "r1"), deliver("k", "bad", 150, "r2"),
                   deliver("k", "ok-again", 150, "r1"), deliver("k", "ok-last", 160, "r3")]
     ex = make_executor(computation(), on_error="dead_letter")
     metrics = step(ex, deliveries, 100, 0).metrics
-    records, duplicates, late = (2, 1, 1) if computation is Tally else (1, 0, 0)
+    records, duplicates, late = (2, 1, 1) if computation is Tally else (0, 1, 0)
     dead_letters = 1 if computation is Tally else 3
     assert (metrics.records, metrics.duplicates, metrics.late, metrics.dead_letters) == (
         records, duplicates, late, dead_letters)
+
+
+@pytest.mark.parametrize("computation", [Tally, BatchTally])
+@pytest.mark.parametrize("same_step", [False, True])
+def test_a_copy_of_a_dead_lettered_record_is_a_duplicate(computation, same_step):
+    # An injected record's outcome under dead_letter is its dead letter: a copy of it arriving later
+    # (an at-least-once source's retry, the same id) is dropped as any duplicate is, in a later step
+    # or the same one, and does not reach user code a second time (one outcome per id).
+    first, retry, other = deliver("k", "bad", 10, "r1"), deliver("k", "bad", 10, "r1"), deliver("k", "ok", 11, "r2")
+    ex = make_executor(computation(), on_error="dead_letter")
+    steps = [[first, other, retry]] if same_step else [[first, other], [retry]]
+    results = [step(ex, deliveries, 0, 0) for deliveries in steps]
+    letters = [ex.plan.output_codecs["dead_letters"].decode(p.value)["record_id"]
+               for result in results for p in result.productions]
+    totals = StepMetrics()
+    for result in results:
+        totals.add(result.metrics)
+    assert letters == (["r1", "r2"] if computation is BatchTally else ["r1"])  # a batch fails together
+    assert (totals.duplicates, totals.dead_letters) == (1, len(letters))
+    assert totals.records == (0 if computation is BatchTally else 1)
+    assert ex.store.seen_ids("k").keys() == {"r1", "r2"}
 
 
 @pytest.mark.parametrize("computation", [Tally, BatchTally])

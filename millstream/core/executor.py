@@ -531,6 +531,8 @@ class _KeyStep:
                 end += 1
             if j > 0:  # the key's timers made due before this point fire before its records
                 self.fire(segments[j - 1].advanced_to, j - 1)
+                if self.state.written:  # and what the point before left past its TTL is gone
+                    self.state.expire(segments[j - 1].advanced_to, plan.ttls)
             deliver(items[position:end], j, position)
             position = end
         last = len(segments) - 1
@@ -559,15 +561,22 @@ class _KeyStep:
         ctx._low_watermark, ctx._segment, ctx._advanced, ctx._inputs, ctx._after = (
             low_watermark, j, advanced, inputs, False)
         skip = self.skip_items
-        chosen = [delivery for position, delivery in enumerate(items, first) if position not in skip] if skip \
-            else items
+        chosen: Sequence[Delivery] = items
+        if skip:
+            chosen = []
+            for position, delivery in enumerate(items, first):
+                if position not in skip:
+                    chosen.append(delivery)
+                elif delivery.dedup:  # dead-lettered: that is its outcome, and a copy of it a duplicate
+                    record = delivery.record
+                    seen.setdefault(record.id, advanced if advanced > record.timestamp else record.timestamp)
         batch: list[Delivery] | None = [] if plan.batched else None
         late = duplicates = 0  # counted in this key's run (a failure discards the run's metrics)
         for delivery in chosen:
             _, stream, record, _, dedup = delivery
             timestamp, rid = record.timestamp, record.id
             if dedup:
-                if rid in seen or rid in seen_before:
+                if (rid in seen or rid in seen_before) and not (j and self.forgotten(rid, j)):
                     duplicates += 1
                     continue
                 # Kept until the watermark has moved a horizon past the later of the point's
@@ -594,6 +603,15 @@ class _KeyStep:
         metrics.late += late
         if batch:
             self.deliver_batch(batch, items, j, first)
+
+    def forgotten(self, rid: str, j: int) -> bool:
+        """Whether the id `rid`, seen before, was forgotten by input point j: its mark is past the
+        dedup horizon at the watermark the point before left, as if the points came one at a time
+        (a step forgets ids only at its end; the store, DedupIndex.expire, by the same rule)."""
+        mark = self.seen.get(rid)
+        if mark is None:
+            mark = self.seen_before[rid]
+        return mark < self.segments[j - 1].advanced_to - self.plan.dedup_horizon_ms
 
     def deliver_with_checkpoints(self, items: Sequence[Delivery], j: int, first: int) -> None:
         """deliver(), a run of records at a time, with a checkpoint before each run: a record that
@@ -778,6 +796,8 @@ class _KeyStep:
                         continue
                     if point != current:
                         current = point
+                        if point and state.written:  # as if the points came one at a time: values
+                            state.expire(segments[point - 1].advanced_to, plan.ttls)  # past their TTL
                         at = segments[point].advanced_to
                         ctx._low_watermark, ctx._segment, ctx._advanced, ctx._inputs = (
                             at, point, at, segments[point].inputs)

@@ -41,9 +41,10 @@ class KeyStore(Protocol):
         wake-up on a keyed watermark <= that key's watermark in `keyed`."""
         ...
 
-    def seen_ids(self, key: str) -> Container[str]:
-        """The ids of injected records the key group has seen under `key` (dedup index), for `in`
-        tests: a step tests each injected record, so the test is one lookup, not a call."""
+    def seen_ids(self, key: str) -> Mapping[str, int]:
+        """The ids of injected records the key group has seen under `key` (dedup index), with their
+        marks, for `in` tests: a step tests each injected record, so the test is one lookup, not a
+        call."""
         ...
 
     def save(self, changes: dict[str, StoredKey | None], seen: SeenIds, low_watermark: int,
@@ -97,7 +98,7 @@ class MemoryKeyStore:
                 heapq.heappush(heap, entry)
         return sorted(found)
 
-    def seen_ids(self, key: str) -> Container[str]:
+    def seen_ids(self, key: str) -> Mapping[str, int]:
         return self.dedup.ids_of(key)
 
     def save(self, changes: dict[str, StoredKey | None], seen: SeenIds | None = None,

@@ -291,7 +291,7 @@ class SparkKeyStore:
     def min_hold(self, excluding: Container[str] = ()) -> int | None:
         return self.cache.keys.min_hold(excluding)
 
-    def seen_ids(self, key: str) -> Container[str]:
+    def seen_ids(self, key: str) -> Mapping[str, int]:
         return self.cache.keys.seen_ids(key)
 
     def save(self, changes: dict[str, StoredKey | None], seen: SeenIds, low_watermark: int,
