@@ -72,6 +72,11 @@ class Checkpoint:
         batches = [int(n) for n in self.storage.list("commits") if n.isdigit()]
         return max(batches, default=-1)
 
+    def last_planned(self) -> int:
+        """The newest batch Spark logged offsets for (committed or not: a restart runs it again)."""
+        batches = [int(n) for n in self.storage.list("offsets") if n.isdigit()]
+        return max(batches, default=-1)
+
 
 def staged_path(computation: str, epoch: int, batch: int) -> str:
     return f"staged/{computation}/e{epoch:06d}/{batch:012d}.json"
@@ -150,6 +155,11 @@ class ComputationCommit:
     # Statuses staged by this driver: batch -> computation -> status.
     statuses: dict[int, dict[str, dict[str, Any]]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def source_reader(self) -> ComputationPlan:
+        """The computation that reads the query's inputs: the first one fused ahead, or its own."""
+        return self.fused[0] if self.fused else self.plan
 
 
 class BatchStager:

@@ -7,6 +7,7 @@ Spark.
     status/<computation>/latest.json             the status after the newest published batch
     status/<computation>/history/<batch>.json    one line of watermark history per batch
     status/<computation>/wake.json               the computation's next wall-time timer
+    sinks/<sink>/<producer>.json                 how far a sink delivered a producer's output
 
 >>> latest_status("windows")
 'status/windows/latest.json'
@@ -35,6 +36,10 @@ def history_dir(computation: str) -> str:
 
 def status_history(computation: str, batch: int) -> str:
     return f"{history_dir(computation)}/{batch:012d}.json"
+
+
+def sink_progress(sink: str, producer: str) -> str:
+    return f"sinks/{sink}/{producer}.json"
 
 
 def wake_file(computation: str) -> str:

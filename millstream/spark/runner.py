@@ -46,6 +46,7 @@ from millstream.spark.progress import ComputationProgress, PipelineProgress, rea
 from millstream.spark.publog import BATCH, CLAIM, Fenced, FencedWriter, PublicationLog
 from millstream.spark.retention import DEFAULT_RETAIN_LOGS_S, LogRetention
 from millstream.spark.rootfiles import LAYOUT_FILE, read_status_history, wake_file
+from millstream.spark.resume import computation_refusals, sink_refusals
 from millstream.spark.sinks import SinkDelivery, SinkError, check_sink_formats, sink_deliverers
 from millstream.spark.session import cluster_parallelism, hide_pandas_3_warning
 from millstream.spark.source import LOG_SCHEMA, Sender, SourcePlan, source_for
@@ -219,6 +220,12 @@ class SparkRunner:
         _pickle_user_code_by_value(self.pipeline)
         self._started_ms = int(time.time() * 1000)
         self.claim()  # before Spark starts: a root in use is refused in a moment
+        refusals = [problem for commit in self.commits.values()
+                    for problem in computation_refusals(self.root, commit.source_reader, commit.checkpoint)]
+        refusals += sink_refusals(self.root, self.pipeline, self.commits)
+        if refusals:
+            self.lease.release()  # nothing ran: the root is free for the fixed pipeline
+            raise PipelineError(f"{self.storage.describe()} cannot resume this pipeline: " + "; ".join(refusals))
         spark = self.spark
         try:
             check_sink_formats(spark, self.pipeline)
@@ -445,7 +452,7 @@ class SparkRunner:
     def _start_query(self, name: str) -> Any:
         commit = self.commits[name]
         plan = commit.plan
-        first = commit.fused[0] if commit.fused else plan  # the computation that reads the sources
+        first = commit.source_reader
         spark = self.spark
         senders = []
         for sender in first.senders():

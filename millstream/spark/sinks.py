@@ -35,6 +35,7 @@ from millstream.model.locations import table_place
 from millstream.model.pipeline import Pipeline, SinkNode
 from millstream.spark import faults
 from millstream.spark.publog import BATCH, PublicationLog
+from millstream.spark.rootfiles import sink_progress
 from millstream.spark.storage import Storage
 from millstream.spark.writer import sink_staging_dir
 
@@ -55,7 +56,7 @@ class SinkDelivery:
         self.idle = {name: threading.Event() for name in deliverers}
 
     def progress_file(self, sink: str, producer: str) -> str:
-        return f"sinks/{sink}/{producer}.json"
+        return sink_progress(sink, producer)
 
     def delivered(self, sink: str, producer: str) -> tuple[int, int]:
         """(last batch delivered, its log position)."""

@@ -1,0 +1,102 @@
+"""What a resumed computation or sink cannot pick up where it left off is refused at start
+(spark/resume.py), on checkpoints and logs laid out as Spark and the publisher leave them; no Spark
+needed. tests/spark/test_resume_spark.py shows the same refusals on real runs."""
+
+import json
+import os
+
+from millstream import Computation, Pipeline, ScriptedInjector
+from millstream.core.plan import plan_computation
+from millstream.spark.commit import Checkpoint
+from millstream.spark.publog import BATCH, CLAIM, PublicationLog
+from millstream.spark.resume import computation_refusals, missing_entries, sink_refusals
+from millstream.spark.rootfiles import sink_progress
+from millstream.spark.storage import Storage
+
+
+class Echo(Computation):
+    def process_record(self, ctx, record):
+        ctx.produce(record, "out")
+
+
+def pipeline(*injectors: str, reads_up: bool = False) -> Pipeline:
+    built = Pipeline("p")
+    for name in injectors:
+        built.add_injector(name, ScriptedInjector(name, []), name)
+    built.add_computation("up", Echo(), list(injectors), ["out"])
+    if reads_up:
+        built.add_computation("down", Echo(), ["out"], ["end"]).add_sink("sink", "end", "/tmp/never-written")
+    return built
+
+
+def checkpoint(tmp_path, senders: dict, committed: bool = True) -> Checkpoint:
+    """A checkpoint whose batch 0 ended at `senders` (Spark's offsets file: version, metadata,
+    then the source's offset)."""
+    location = tmp_path / "checkpoint"
+    os.makedirs(location / "offsets", exist_ok=True)
+    offset = {"senders": senders, "watermark": 0}
+    (location / "offsets" / "0").write_text("v1\n{}\n" + json.dumps(offset) + "\n")
+    if committed:
+        os.makedirs(location / "commits", exist_ok=True)
+        (location / "commits" / "0").write_text("v1\n{}\n")
+    return Checkpoint(str(location))
+
+
+def log_with(root, producer: str, kinds: list[str], pruned_below: int) -> None:
+    log = PublicationLog(str(root), producer)
+    for position, kind in enumerate(kinds):
+        assert log.append(position, {"type": kind, "batch": position})
+    claims = [p for p in range(pruned_below) if kinds[p] == CLAIM]
+    log.mark_pruned(pruned_below, claims)
+    for position in range(pruned_below):
+        if position not in claims:
+            log.delete(position)
+
+
+def test_missing_entries_are_the_deleted_batches_after_a_position():
+    assert missing_entries(-1, 0, []) == []  # never pruned
+    assert missing_entries(-1, 4, [0]) == [1, 2, 3]  # a reader with nothing read yet
+    assert missing_entries(3, 4, [0]) == []  # past everything deleted
+    assert missing_entries(1, 6, [2, 5]) == [3, 4]  # kept claims are no loss
+
+
+def test_a_computation_whose_inputs_changed_is_refused_naming_them(tmp_path):
+    plan = plan_computation(pipeline("web"), "up", 4)
+    mark = {"offset": {"step": 1}, "watermark": 10}
+    held = checkpoint(tmp_path, {"web/web#0": mark, "mobile/mobile#0": mark})
+    (problem,) = computation_refusals(str(tmp_path), plan, held)
+    assert "'up' reads from other inputs than its checkpoint holds (no longer read: mobile/mobile#0)" in problem
+    assert "new name" in problem
+    (problem,) = computation_refusals(str(tmp_path), plan_computation(pipeline("web", "mobile", "tv"), "up", 4), held)
+    assert "(new: tv/tv#0)" in problem
+    assert computation_refusals(str(tmp_path), plan_computation(pipeline("mobile", "web"), "up", 4), held) == []
+    assert computation_refusals(str(tmp_path / "new"), plan, Checkpoint(str(tmp_path / "none"))) == []
+
+
+def test_a_reader_whose_unread_entries_retention_deleted_is_refused(tmp_path):
+    plan = plan_computation(pipeline("web", reads_up=True), "down", 4)
+    log_with(tmp_path, "up", [CLAIM, BATCH, BATCH, CLAIM, BATCH, BATCH, BATCH], pruned_below=5)
+    for position, refused in [(1, True), (-1, True), (3, True), (4, False), (6, False)]:
+        held = checkpoint(tmp_path / str(position), {"out/up": {"position": position, "watermark": 0}})
+        problems = computation_refusals(str(tmp_path), plan, held)
+        assert bool(problems) is refused, (position, problems)
+    (problem,) = computation_refusals(str(tmp_path), plan, checkpoint(
+        tmp_path / "p1", {"out/up": {"position": 1, "watermark": 0}}))
+    assert "'down' goes on reading 'up''s log after entry 1, but retention deleted entries 2-4" in problem
+    # A batch planned but never committed: a restart runs it from the batch before (here, none).
+    uncommitted = checkpoint(tmp_path / "u", {"out/up": {"position": 1, "watermark": 0}}, committed=False)
+    assert computation_refusals(str(tmp_path), plan, uncommitted) == []
+
+
+def test_a_sink_whose_undelivered_batches_retention_deleted_is_refused(tmp_path):
+    built = pipeline("web", reads_up=True)
+    log_with(tmp_path, "down", [CLAIM, BATCH, BATCH, BATCH, BATCH], pruned_below=4)
+    storage = Storage(str(tmp_path))
+    assert sink_refusals(str(tmp_path), built, {"up", "down"}) == []  # new to the root: from what is retained
+    storage.write_json(sink_progress("sink", "down"), {"batch": 1, "position": 1})
+    (problem,) = sink_refusals(str(tmp_path), built, {"up", "down"})
+    assert ("sink 'sink' goes on delivering 'down''s output after batch 1, but retention deleted log entries 2-3"
+            in problem)
+    assert sink_refusals(str(tmp_path), built, {"up"}) == []  # 'down' weak: no log of its own
+    storage.write_json(sink_progress("sink", "down"), {"batch": 3, "position": 3})
+    assert sink_refusals(str(tmp_path), built, {"up", "down"}) == []
