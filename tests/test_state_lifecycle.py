@@ -208,7 +208,7 @@ def test_state_ttl_expires_values_in_low_watermark_time_untouched_keys_included(
     assert h.state("remember", "k") == {"seen": {"7": 1}}
 
 
-def test_a_ttl_taken_away_on_restart_keeps_the_value_for_good():
+def test_a_ttl_changed_on_restart_applies_to_values_written_before():
     # A key written under a TTL, then run by the computation declared without it (a restart with
     # changed code, on the same store): the value stays and no longer expires; the TTL's mark goes.
     from millstream.core.executor import Delivery, KeyGroupExecutor
@@ -223,13 +223,19 @@ def test_a_ttl_taken_away_on_restart_keeps_the_value_for_good():
             ctx.produce(Record(ctx.key, ctx.state(last).get(), record.timestamp), "out")
 
     class Remember(Computation):
-        last = ValueState[int]("last", ttl_ms=1_000)
+        last = ValueState[int]("last", ttl_ms=100_000)
 
         def process_record(self, ctx, record):
             remember(ctx, record, self.last)
 
     class RememberForGood(Computation):  # the same code, the TTL taken away
         last = ValueState[int]("last")
+
+        def process_record(self, ctx, record):
+            remember(ctx, record, self.last)
+
+    class RememberBriefly(Computation):  # the same code, the TTL shortened
+        last = ValueState[int]("last", ttl_ms=1_000)
 
         def process_record(self, ctx, record):
             remember(ctx, record, self.last)
@@ -247,6 +253,14 @@ def test_a_ttl_taken_away_on_restart_keeps_the_value_for_good():
     assert [p.value for p in result.productions] == [b"7"]
     assert KeyState.loads(store.load(["k"])["k"]).written == {}
     assert store.due(END_OF_TIME, 0, {}) == []  # nothing left to wake it for
+
+    # Shortened: the value written at 100 is gone once the watermark is past 1,100, though the key
+    # was stored to wake at 100,101 under the longer TTL and ran at neither.
+    store = MemoryKeyStore()
+    executor(Remember(), store).step([Delivery("k", "in", Record("k", 7, 100, "a"), 0, True)], [Segment(0, 100)], 0)
+    later = executor(RememberBriefly(), store)
+    result = later.step([Delivery("k", "in", Record("k", None, 5_000, "b"), 0, True)], [Segment(5_000, 5_000)], 0)
+    assert [p.value for p in result.productions] == [b"null"]
 
 
 def test_ctx_clear_discards_everything_of_the_key():

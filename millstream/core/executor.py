@@ -521,6 +521,8 @@ class _KeyStep:
         plan, segments = self.plan, self.segments
         deliver = self.deliver if self.on_failure is None else self.deliver_with_checkpoints
         position, count = 0, len(items)
+        if self.state.written:  # what the step before left past its TTL (a TTL shortened since, say)
+            self.state.expire(segments[0].low_watermark, plan.ttls)
         if len(segments) == 1 and count:  # one input point (the common step): no runs to find
             deliver(items, 0, 0)
             position = count
