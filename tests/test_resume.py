@@ -7,8 +7,8 @@ import os
 
 from millstream import Computation, Pipeline, ScriptedInjector
 from millstream.core.plan import plan_computation
-from millstream.spark.commit import Checkpoint
-from millstream.spark.publog import BATCH, CLAIM, PublicationLog
+from millstream.spark.commit import Checkpoint, ComputationCommit
+from millstream.spark.publog import BATCH, CLAIM, FencedWriter, PublicationLog
 from millstream.spark.resume import computation_refusals, missing_entries, sink_refusals
 from millstream.spark.rootfiles import sink_progress
 from millstream.spark.storage import Storage
@@ -42,6 +42,12 @@ def checkpoint(tmp_path, senders: dict, committed: bool = True) -> Checkpoint:
     return Checkpoint(str(location))
 
 
+def commit_of(plan, checkpoint: Checkpoint, last_published: int = 0) -> ComputationCommit:
+    """What the runner knows of a strong computation's query after its claim."""
+    writer = FencedWriter(PublicationLog(checkpoint.location, plan.name), 1, 0)
+    return ComputationCommit(plan, checkpoint, writer, (), last_published)
+
+
 def log_with(root, producer: str, kinds: list[str], pruned_below: int) -> None:
     log = PublicationLog(str(root), producer)
     for position, kind in enumerate(kinds):
@@ -64,13 +70,15 @@ def test_a_computation_whose_inputs_changed_is_refused_naming_them(tmp_path):
     plan = plan_computation(pipeline("web"), "up", 4)
     mark = {"offset": {"step": 1}, "watermark": 10}
     held = checkpoint(tmp_path, {"web/web#0": mark, "mobile/mobile#0": mark})
-    (problem,) = computation_refusals(str(tmp_path), plan, held)
+    (problem,) = computation_refusals(str(tmp_path), commit_of(plan, held))
     assert "'up' reads from other inputs than its checkpoint holds (no longer read: mobile/mobile#0)" in problem
     assert "new name" in problem
-    (problem,) = computation_refusals(str(tmp_path), plan_computation(pipeline("web", "mobile", "tv"), "up", 4), held)
+    more = plan_computation(pipeline("web", "mobile", "tv"), "up", 4)
+    (problem,) = computation_refusals(str(tmp_path), commit_of(more, held))
     assert "(new: tv/tv#0)" in problem
-    assert computation_refusals(str(tmp_path), plan_computation(pipeline("mobile", "web"), "up", 4), held) == []
-    assert computation_refusals(str(tmp_path / "new"), plan, Checkpoint(str(tmp_path / "none"))) == []
+    reordered = plan_computation(pipeline("mobile", "web"), "up", 4)
+    assert computation_refusals(str(tmp_path), commit_of(reordered, held)) == []
+    assert computation_refusals(str(tmp_path / "new"), commit_of(plan, Checkpoint(str(tmp_path / "none")))) == []
 
 
 def test_a_reader_whose_unread_entries_retention_deleted_is_refused(tmp_path):
@@ -78,14 +86,14 @@ def test_a_reader_whose_unread_entries_retention_deleted_is_refused(tmp_path):
     log_with(tmp_path, "up", [CLAIM, BATCH, BATCH, CLAIM, BATCH, BATCH, BATCH], pruned_below=5)
     for position, refused in [(1, True), (-1, True), (3, True), (4, False), (6, False)]:
         held = checkpoint(tmp_path / str(position), {"out/up": {"position": position, "watermark": 0}})
-        problems = computation_refusals(str(tmp_path), plan, held)
+        problems = computation_refusals(str(tmp_path), commit_of(plan, held))
         assert bool(problems) is refused, (position, problems)
-    (problem,) = computation_refusals(str(tmp_path), plan, checkpoint(
-        tmp_path / "p1", {"out/up": {"position": 1, "watermark": 0}}))
+    (problem,) = computation_refusals(str(tmp_path), commit_of(plan, checkpoint(
+        tmp_path / "p1", {"out/up": {"position": 1, "watermark": 0}})))
     assert "'down' goes on reading 'up''s log after entry 1, but retention deleted entries 2-4" in problem
     # A batch planned but never committed: a restart runs it from the batch before (here, none).
     uncommitted = checkpoint(tmp_path / "u", {"out/up": {"position": 1, "watermark": 0}}, committed=False)
-    assert computation_refusals(str(tmp_path), plan, uncommitted) == []
+    assert computation_refusals(str(tmp_path), commit_of(plan, uncommitted)) == []
 
 
 def test_a_sink_whose_undelivered_batches_retention_deleted_is_refused(tmp_path):
@@ -100,3 +108,15 @@ def test_a_sink_whose_undelivered_batches_retention_deleted_is_refused(tmp_path)
     assert sink_refusals(str(tmp_path), built, {"up"}) == []  # 'down' weak: no log of its own
     storage.write_json(sink_progress("sink", "down"), {"batch": 3, "position": 3})
     assert sink_refusals(str(tmp_path), built, {"up", "down"}) == []
+
+
+def test_a_checkpoint_gone_or_elsewhere_is_refused(tmp_path):
+    plan = plan_computation(pipeline("web"), "up", 4)
+    gone = Checkpoint(str(tmp_path / "checkpoints" / "up" / "g0000"))  # nothing there
+    (problem,) = computation_refusals(str(tmp_path), commit_of(plan, gone, last_published=5))
+    assert "'up' published batches up to 5, but its checkpoint at" in problem and "holds no committed batch" in problem
+    assert computation_refusals(str(tmp_path), commit_of(plan, gone, last_published=0)) == []  # may be uncommitted
+    held = checkpoint(tmp_path / "checkpoints" / "up", {"web/web#0": {"offset": {}, "watermark": 0}})
+    assert computation_refusals(str(tmp_path), commit_of(plan, held, 5), str(tmp_path / "checkpoints")) == []
+    (problem,) = computation_refusals(str(tmp_path), commit_of(plan, held, 5), str(tmp_path / "elsewhere"))
+    assert "not under checkpoint_root=" in problem and "leave checkpoint_root out" in problem

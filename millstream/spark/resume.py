@@ -25,12 +25,16 @@ from __future__ import annotations
 
 from typing import Iterable, Mapping, Sequence
 
-from millstream.core.plan import ComputationPlan, producer_of
+from millstream.core.plan import producer_of
 from millstream.model.pipeline import Pipeline
-from millstream.spark.commit import Checkpoint
+from millstream.spark.commit import ComputationCommit
 from millstream.spark.publog import PublicationLog
 from millstream.spark.rootfiles import sink_progress
 from millstream.spark.storage import Storage
+
+
+def _under(location: str, directory: str) -> bool:
+    return location.rstrip("/").startswith(directory.rstrip("/") + "/")
 
 
 def missing_entries(position: int, below: int, kept_claims: Iterable[int]) -> list[int]:
@@ -48,9 +52,19 @@ def _span(positions: Sequence[int]) -> str:
     return str(positions[0]) if len(positions) == 1 else f"{positions[0]}-{positions[-1]}"
 
 
-def computation_refusals(root: str, first: ComputationPlan, checkpoint: Checkpoint) -> list[str]:
-    """Why the query whose inputs computation `first` reads (the first of those fused into one
-    query) cannot resume from its checkpoint; none for a new one."""
+def computation_refusals(root: str, commit: ComputationCommit, checkpoint_root: str | None = None) -> list[str]:
+    """Why a computation's query (the strong computation of `commit`, and the weak ones fused ahead
+    of it) cannot resume from its checkpoint; none for a new one. `checkpoint_root`: where the runner
+    was told to keep checkpoints, if it was."""
+    first, checkpoint = commit.source_reader, commit.checkpoint
+    location = checkpoint.location
+    if checkpoint_root is not None and not _under(location, checkpoint_root):
+        return [f"computation {commit.plan.name!r} keeps its checkpoint at {location}, not under checkpoint_root="
+                f"{checkpoint_root}: a root's checkpoints stay where they were made (leave checkpoint_root out)"]
+    if commit.last_published >= 1 and checkpoint.last_committed() < 0:
+        return [f"computation {commit.plan.name!r} published batches up to {commit.last_published}, but its "
+                f"checkpoint at {location} holds no committed batch (removed or moved away?): Spark would start it "
+                "over with empty state. Put the checkpoint back, or start a new root"]
     planned = checkpoint.last_planned()
     offset = checkpoint.end_offset(planned) if planned >= 0 else None
     if offset is None:

@@ -125,6 +125,7 @@ class SparkRunner:
                 check_sink_directory(local_path(sink.path), sink.name)  # where Storage will write
         self.root = os.path.abspath(root) if is_local(root) else root
         self.storage = Storage(self.root)
+        given_checkpoint_root = checkpoint_root is not None
         if checkpoint_root is None:
             if "?" in self.root:
                 raise PipelineError(
@@ -132,6 +133,7 @@ class SparkRunner:
                     "Spark's checkpointLocation accepts (e.g. hdfs://... or s3a://...)")
             checkpoint_root = self.storage.child("checkpoints").location
         self.checkpoint_root = os.path.abspath(checkpoint_root) if is_local(checkpoint_root) else checkpoint_root
+        self._checkpoint_root_given = self.checkpoint_root if given_checkpoint_root else None
         # The driver's own logs stay on local disk (the JVM's output is redirected to a local file).
         self.log_dir = self.root if self.storage.local else os.path.join(
             tempfile.gettempdir(), "millstream-logs", re.sub(r"[^\w.-]", "_", pipeline.name))
@@ -189,7 +191,7 @@ class SparkRunner:
     def _layout(self) -> RootLayout:
         return RootLayout(self.pipeline.name, self.key_groups,
                           {name: self._fused_into.get(name) for name in self.pipeline.computations},
-                          self.group_labels)
+                          self.group_labels, self.root)
 
     def _choose_labels(self, parallelism: int) -> None:
         """A new root's key group labels (partitioning.py), chosen at its first start for the
@@ -221,7 +223,7 @@ class SparkRunner:
         self._started_ms = int(time.time() * 1000)
         self.claim()  # before Spark starts: a root in use is refused in a moment
         refusals = [problem for commit in self.commits.values()
-                    for problem in computation_refusals(self.root, commit.source_reader, commit.checkpoint)]
+                    for problem in computation_refusals(self.root, commit, self._checkpoint_root_given)]
         refusals += sink_refusals(self.root, self.pipeline, self.commits)
         if refusals:
             self.lease.release()  # nothing ran: the root is free for the fixed pipeline

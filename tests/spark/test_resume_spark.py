@@ -3,6 +3,7 @@ with one message (spark/resume.py), where it went on wrongly before: a computati
 taken away froze its low watermark for good (its timers never fired), and one left out of a run
 while retention deleted what it had not read skipped those entries."""
 
+import shutil
 import time
 
 import pytest
@@ -94,3 +95,19 @@ def test_a_computation_left_out_while_retention_deleted_its_input_is_refused_whe
                                             r"retention deleted entries"):
         run(1_800, with_relay=True)
     run(1_800, with_relay=False)  # the root itself is fine: refused before anything ran
+
+
+def test_a_copied_root_and_a_root_without_its_checkpoints_are_refused(spark, tmp_path):
+    def pipeline():
+        return (Pipeline("copied").add_injector("src", generator(300), "in")
+                .add_computation("windower", BucketCounter(), ["in"], ["windows"]))
+
+    root, copy = tmp_path / "prod", tmp_path / "test"
+    SparkRunner(pipeline(), root=str(root), spark=spark, key_groups=4, max_records_per_batch=100).run(timeout=120)
+    shutil.copytree(root, copy)  # its logs name prod's checkpoints: a run of it would write into them
+    with pytest.raises(PipelineError, match=r"it was made at .*prod and its logs hold paths there.*cannot be copied"):
+        SparkRunner(pipeline(), root=str(copy), spark=spark, key_groups=4).run(timeout=60)
+    shutil.rmtree(root / "checkpoints")  # Spark would start over with empty state, silently
+    with pytest.raises(PipelineError, match=r"'windower' published batches up to \d+, but its checkpoint at .* "
+                                            r"holds no committed batch"):
+        SparkRunner(pipeline(), root=str(root), spark=spark, key_groups=4).run(timeout=60)
