@@ -120,3 +120,18 @@ def test_a_checkpoint_gone_or_elsewhere_is_refused(tmp_path):
     assert computation_refusals(str(tmp_path), commit_of(plan, held, 5), str(tmp_path / "checkpoints")) == []
     (problem,) = computation_refusals(str(tmp_path), commit_of(plan, held, 5), str(tmp_path / "elsewhere"))
     assert "not under checkpoint_root=" in problem and "leave checkpoint_root out" in problem
+
+
+def test_a_computation_added_while_running_may_not_produce_to_a_stream_already_read(tmp_path):
+    # The running readers' inputs are fixed: the new producer's output would reach none of them (and a
+    # restart would refuse them). Refused before anything is claimed or started.
+    import pytest
+
+    from millstream import PipelineError
+    from millstream.spark.runner import SparkRunner
+
+    running = pipeline("web").add_computation("down", Echo(), ["out"], ["end"])
+    runner = SparkRunner(running, root=str(tmp_path / "root"), key_groups=4)
+    with pytest.raises(PipelineError, match=r"'second' would produce to 'out' \(read by 'down'\).*new stream"):
+        runner.add_computation("second", Echo(), ["web"], ["out"])
+    assert PublicationLog(str(tmp_path / "root"), "second").head() == -1

@@ -401,6 +401,13 @@ class SparkRunner:
         changed = _copy_pipeline(self.pipeline)
         changed.add_computation(name, computation, inputs, outputs, **options)
         changed.validate()
+        read = sorted({f"{stream!r} (read by {reader!r})" for stream in changed.computations[name].outputs
+                       for reader in [*self.pipeline.consumers(stream),
+                                      *(k.name for k in self.pipeline.sinks.values() if k.stream == stream)]})
+        if read:  # its readers' inputs are fixed while they run (spark/resume.py)
+            raise PipelineError(f"computation {name!r} would produce to {', '.join(read)}, which the running "
+                                "pipeline reads already: a running reader cannot take a new producer; produce to a new "
+                                "stream")
         if PublicationLog(self.root, name).head() >= 0:
             raise PipelineError(f"computation {name!r} ran on this root before: pick a new name")
         _pickle_user_code_by_value(changed)
