@@ -135,3 +135,47 @@ def test_a_computation_added_while_running_may_not_produce_to_a_stream_already_r
     with pytest.raises(PipelineError, match=r"'second' would produce to 'out' \(read by 'down'\).*new stream"):
         runner.add_computation("second", Echo(), ["web"], ["out"])
     assert PublicationLog(str(tmp_path / "root"), "second").head() == -1
+
+
+def test_a_state_or_injector_declared_another_way_on_an_existing_root_is_refused(tmp_path):
+    # Stored values are read by the declaration they were written with: a MapState's key codec
+    # changed read none of them back (a count started over beside its old entry), a ValueState's codec
+    # or kind changed failed in user code. Refused when the runner is made, naming the state; a new
+    # state, a TTL changed, a computation or an injector left out for a run are fine.
+    import pytest
+
+    from millstream import GeneratorInjector, MapState, PipelineError, Record, StrCodec, ValueState
+    from millstream.spark.runner import SparkRunner
+
+    def counting(map_state, injector=None):
+        class Count(Computation):
+            totals = map_state
+
+            def process_record(self, ctx, record):
+                ctx.state(self.totals).put("total", ctx.state(self.totals).get("total", 0) + 1)
+
+        return (Pipeline("declared").add_injector("src", injector or ScriptedInjector("src", []), "in")
+                .add_computation("count", Count(), ["in"]))
+
+    root = str(tmp_path / "root")
+    SparkRunner(counting(MapState("totals")), root=root, key_groups=4)  # the root's first layout
+    with pytest.raises(PipelineError, match=r"'count' stores state 'totals' as MapState\(key=millstream.model.codecs."
+                                            r"JsonCodec, .* this run declares it MapState\(key=millstream.model.codecs."
+                                            r"StrCodec, .*new name"):
+        SparkRunner(counting(MapState("totals", key_codec=StrCodec())), root=root, key_groups=4)
+    with pytest.raises(PipelineError, match=r"stores state 'totals' as MapState.*declares it ValueState"):
+        SparkRunner(counting(ValueState("totals")), root=root, key_groups=4)
+    generator = GeneratorInjector(lambda i: Record("k", i, i), 10, lambda n: n)
+    with pytest.raises(PipelineError, match=r"injector 'src' is a millstream.injectors.scripted.ScriptedInjector on "
+                                            r"this root, this run makes it a millstream.injectors.generator."
+                                            r"GeneratorInjector"):
+        SparkRunner(counting(MapState("totals"), generator), root=root, key_groups=4)
+    SparkRunner(counting(MapState("totals", ttl_ms=1_000)), root=root, key_groups=4)  # a TTL may change
+
+    # A run without the computation keeps its declarations for when it comes back.
+    without = SparkRunner(Pipeline("declared").add_injector("src", ScriptedInjector("src", []), "in")
+                          .add_computation("other", Echo(), ["in"], ["out"]), root=root, key_groups=4)
+    without.claim()
+    without.lease.release()
+    with pytest.raises(PipelineError, match=r"'count' stores state 'totals' as MapState"):
+        SparkRunner(counting(MapState("totals", key_codec=StrCodec())), root=root, key_groups=4)

@@ -18,8 +18,10 @@ True
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
+
+from millstream.model.state import ListState, MapState, StateSpec
 
 from millstream.spark.partitioning import GroupLabels
 from millstream.spark.rootfiles import LAYOUT_FILE
@@ -38,6 +40,11 @@ class RootLayout:
     # Where the root was made: its logs and claims hold paths under it (stream files, checkpoints),
     # so a copy or a move of it cannot run (None: a root made before the location was kept).
     location: str | None = None
+    # Per computation, each state's declaration as it is stored (kind and codecs, `stored_form`), and
+    # each injector's kind: what the stored state and offsets can be read by. A run may add states
+    # and injectors and drop them, not read them another way.
+    states: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    injectors: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def computations(self) -> tuple[str, ...]:
@@ -56,7 +63,8 @@ class RootLayout:
                 "computations": list(self.computations), "weak": list(self.weak),
                 "fused_into": {name: self.fused_into[name] for name in self.computations},
                 "group_labels": list(self.group_labels.labels) if self.group_labels is not None else None,
-                "location": self.location}
+                "location": self.location, "states": {name: dict(states) for name, states in self.states.items()},
+                "injectors": dict(self.injectors)}
 
     @classmethod
     def from_record(cls, record: Mapping[str, Any]) -> "RootLayout":
@@ -64,7 +72,8 @@ class RootLayout:
         under each key group's index."""
         labels = record.get("group_labels", list(range(record["key_groups"])))
         return cls(record["pipeline"], record["key_groups"], dict(record["fused_into"]),
-                   GroupLabels(tuple(labels)) if labels is not None else None, record.get("location"))
+                   GroupLabels(tuple(labels)) if labels is not None else None, record.get("location"),
+                   record.get("states", {}), record.get("injectors", {}))
 
     def refusals(self, stored: Mapping[str, Any]) -> list[str]:
         """Why this layout cannot run on a root whose stored layout is `stored` (none: it can)."""
@@ -76,9 +85,44 @@ class RootLayout:
                     "cannot be copied or moved, its copy would write into the original's checkpoints"]
         if stored["key_groups"] != self.key_groups:
             return [f"it has {stored['key_groups']} key groups, this run asks for {self.key_groups}"]
-        return [f"computation {name!r} changed between weak and strong productions"
-                for name, fused_into in self.fused_into.items()
-                if stored["fused_into"].get(name, fused_into) != fused_into]
+        problems = [f"computation {name!r} changed between weak and strong productions"
+                    for name, fused_into in self.fused_into.items()
+                    if stored["fused_into"].get(name, fused_into) != fused_into]
+        for computation, states in sorted(self.states.items()):
+            was = stored.get("states", {}).get(computation, {})
+            problems += [f"computation {computation!r} stores state {name!r} as {was[name]}, this run declares it "
+                         f"{form}: its stored values would not read back (keep the declaration, or give the state "
+                         "a new name and move the values over in code)"
+                         for name, form in sorted(states.items()) if was.get(name, form) != form]
+        was_injectors = stored.get("injectors", {})
+        problems += [f"injector {name!r} is a {was_injectors[name]} on this root, this run makes it a {kind}: its "
+                     "offsets are the other kind's (give the new injector a new name)"
+                     for name, kind in sorted(self.injectors.items()) if was_injectors.get(name, kind) != kind]
+        return problems
+
+    def keeping(self, stored: Mapping[str, Any]) -> "RootLayout":
+        """This layout, with the declarations `stored` holds of computations and injectors this run
+        leaves out: they are checked again when a later run brings them back."""
+        states = {**stored.get("states", {}), **self.states}
+        injectors = {**stored.get("injectors", {}), **self.injectors}
+        return replace(self, states=states, injectors=injectors)
+
+
+def _codec_name(codec: Any) -> str:
+    kind = codec if isinstance(codec, type) else type(codec)  # a class of static methods is a codec too
+    return f"{kind.__module__}.{kind.__qualname__}"
+
+
+def stored_form(spec: StateSpec) -> str:
+    """How a state's values are stored: its kind and codecs (not its TTL, which may change).
+
+    >>> stored_form(MapState("m"))
+    'MapState(key=millstream.model.codecs.JsonCodec, value=millstream.model.codecs.JsonCodec)'
+    """
+    if isinstance(spec, MapState):
+        return f"MapState(key={_codec_name(spec.key_codec)}, value={_codec_name(spec.value_codec)})"
+    kind = "ListState" if isinstance(spec, ListState) else "ValueState"
+    return f"{kind}({_codec_name(spec.codec)})"
 
 
 def read_layout(storage: Storage) -> RootLayout | None:

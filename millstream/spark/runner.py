@@ -27,7 +27,7 @@ from typing import Any, Callable, Mapping
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from millstream.core.plan import DEFAULT_KEY_GROUPS, ComputationPlan, plan_computation
+from millstream.core.plan import DEFAULT_KEY_GROUPS, ComputationPlan, declared_state, plan_computation
 from millstream.core.watermarks import declared_keyed
 from millstream.model.locations import is_local, local_path
 from millstream.model.pipeline import WALL_TIMER_DRAIN_S, ErrorPolicy, Pipeline, PipelineError, Production
@@ -37,7 +37,7 @@ from millstream.spark.commit import BatchStager, Checkpoint, ComputationCommit, 
 from millstream.spark.errors import MillstreamRunError, reported_failure, restart_after, user_error_message
 from millstream.spark.feeds import Feeds
 from millstream.spark.fencing import Lease, RootInUse, driver_info
-from millstream.spark.layout import RootLayout
+from millstream.spark.layout import RootLayout, stored_form
 from millstream.spark.operator import FUSED_SCHEMA, OUTPUT_SCHEMA, FusedProducerProcessor, KeyGroupProcessor
 from millstream.spark.options import check_root, check_runner_options, check_sink_directory
 from millstream.spark.pacing import BatchPacing
@@ -186,12 +186,19 @@ class SparkRunner:
         return True
 
     def _write_layout(self) -> None:
-        self.storage.write_json(LAYOUT_FILE, self._layout().record())
+        stored = self.storage.read_json(LAYOUT_FILE)
+        layout = self._layout()
+        self.storage.write_json(LAYOUT_FILE, (layout.keeping(stored) if isinstance(stored, dict) else layout).record())
 
     def _layout(self) -> RootLayout:
-        return RootLayout(self.pipeline.name, self.key_groups,
-                          {name: self._fused_into.get(name) for name in self.pipeline.computations},
-                          self.group_labels, self.root)
+        pipeline = self.pipeline
+        return RootLayout(pipeline.name, self.key_groups,
+                          {name: self._fused_into.get(name) for name in pipeline.computations},
+                          self.group_labels, self.root,
+                          {name: {state: stored_form(spec) for state, spec in declared_state(node.computation).items()}
+                           for name, node in pipeline.computations.items()},
+                          {name: f"{type(node.injector).__module__}.{type(node.injector).__qualname__}"
+                           for name, node in pipeline.injectors.items()})
 
     def _choose_labels(self, parallelism: int) -> None:
         """A new root's key group labels (partitioning.py), chosen at its first start for the
