@@ -119,7 +119,7 @@ class SinkDelivery:
                                         {"batch": entry["batch"], "position": position})
             except BaseException as error:
                 self.failure = RuntimeError(f"sink {sink!r} failed on batch {entry['batch']} of {producer!r}: "
-                                            f"{type(error).__name__}: {error}")
+                                            f"{failure_reason(error)}")
                 self.failure.__cause__ = error
                 return
 
@@ -265,13 +265,42 @@ def check_sink_formats(spark: Any, pipeline: Pipeline) -> None:
 
 
 def _java_reason(error: BaseException) -> str:
-    """The Java exception's own message in a Py4J error ("[ERROR_CLASS] text"), else the first line."""
+    """The Java exception's own message in a Py4J error ("[ERROR_CLASS] text"): its deepest cause's
+    where it names one (a JDBC driver's "see the next exception" says nothing), else the first line.
+
+    >>> _java_reason(RuntimeError("An error occurred while calling o450.save.\\n: org.apache.hadoop.fs."
+    ...     "ParentNotDirectoryException: Parent path is not a directory: /out\\n\\tat org.apache...(X.java:1)"))
+    'Parent path is not a directory: /out'
+    >>> _java_reason(RuntimeError("o1.save.\\n: java.sql.SQLException: see the next exception\\n\\tat x\\n"
+    ...     "Caused by: java.sql.SQLException: Directory /proc/nope/db cannot be created."))
+    'Directory /proc/nope/db cannot be created.'
+    """
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    causes = [found.group(1) for line in lines
+              if (found := re.match(r"^Caused by: [\w.$]+(?:Exception|Error): (.+)$", line))]
+    if causes:
+        return causes[-1]
     for line in lines:
         found = re.match(r"^:?\s*[\w.$]+(?:Exception|Error): (.+)$", line)
         if found:
             return found.group(1)
     return lines[0] if lines else type(error).__name__
+
+
+def failure_reason(error: BaseException) -> str:
+    """A delivery's failure in one line: a Java error's own reason (its whole trace stays chained to
+    the error raised), a Python one's type and text.
+
+    >>> failure_reason(ConnectionError("warehouse unreachable"))
+    'ConnectionError: warehouse unreachable'
+    >>> Py4JJavaError = type("Py4JJavaError", (Exception,), {"__module__": "py4j.protocol"})
+    >>> failure_reason(Py4JJavaError("An error occurred while calling o450.save.\\n: org.apache.hadoop.fs."
+    ...     "ParentNotDirectoryException: Parent path is not a directory: /out\\n\\tat org.apache...(X.java:1)"))
+    'Py4JJavaError: Parent path is not a directory: /out'
+    """
+    if type(error).__module__.startswith(("py4j", "pyspark.errors")):
+        return f"{type(error).__name__}: {_java_reason(error)}"
+    return f"{type(error).__name__}: {error}"
 
 
 def deliver_jdbc(spark: Any, frame: Any, node: SinkNode, producer: str, batch: int) -> None:
