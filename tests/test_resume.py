@@ -179,3 +179,34 @@ def test_a_state_or_injector_declared_another_way_on_an_existing_root_is_refused
     without.lease.release()
     with pytest.raises(PipelineError, match=r"'count' stores state 'totals' as MapState"):
         SparkRunner(counting(MapState("totals", key_codec=StrCodec())), root=root, key_groups=4)
+
+
+def test_state_partitions_are_read_from_the_newest_offsets_not_the_state_directories(tmp_path):
+    # A repartition 2 -> 1 leaves partition 1's state directory behind: counting directories read 2,
+    # so `millstream rescale` reported "2 -> 2" and a later rescale back to 2 did nothing.
+    from millstream.spark.rescale import state_partitions
+
+    location = tmp_path / "checkpoint"
+    for partition in ("0", "1"):
+        os.makedirs(location / "state" / "0" / partition)
+    assert state_partitions(str(location)) == 2  # no offsets: the directories tell
+    os.makedirs(location / "offsets")
+    for batch, partitions in ((3, 2), (4, 1)):
+        metadata = {"batchWatermarkMs": 0, "conf": {"spark.sql.shuffle.partitions": str(partitions)}}
+        (location / "offsets" / str(batch)).write_text("v1\n" + json.dumps(metadata) + "\n{}\n")
+    assert state_partitions(str(location)) == 1
+
+
+def test_a_parallelism_other_than_the_roots_is_told_to_go_through_rescale(tmp_path):
+    from millstream.spark.resume import parallelism_kept
+
+    plan = plan_computation(pipeline("web"), "up", 4)
+    held = checkpoint(tmp_path, {"web/web#0": {"offset": {}, "watermark": 0}})
+    metadata = {"conf": {"spark.sql.shuffle.partitions": "2"}}
+    (tmp_path / "checkpoint" / "offsets" / "0").write_text(
+        "v1\n" + json.dumps(metadata) + "\n" + json.dumps({"senders": {"web/web#0": {}}}) + "\n")
+    assert parallelism_kept(str(tmp_path), commit_of(plan, held), 2) is None
+    assert parallelism_kept(str(tmp_path), commit_of(plan, held), None) is None  # left out: the root's
+    assert parallelism_kept(str(tmp_path), commit_of(plan_computation(pipeline("web"), "up", 2), held), 8) is None
+    note = parallelism_kept(str(tmp_path), commit_of(plan, held), 3)
+    assert "'up' keeps its state in 2 partitions on this root" in note and "millstream rescale" in note

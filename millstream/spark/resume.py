@@ -29,6 +29,7 @@ from millstream.core.plan import producer_of
 from millstream.model.pipeline import Pipeline
 from millstream.spark.commit import ComputationCommit
 from millstream.spark.publog import PublicationLog
+from millstream.spark.rescale import state_partitions
 from millstream.spark.rootfiles import sink_progress
 from millstream.spark.storage import Storage
 
@@ -52,10 +53,23 @@ def _span(positions: Sequence[int]) -> str:
     return str(positions[0]) if len(positions) == 1 else f"{positions[0]}-{positions[-1]}"
 
 
+def parallelism_kept(root: str, commit: ComputationCommit, parallelism: int | None) -> str | None:
+    """What to tell a user whose `parallelism` the root's checkpoint overrides (None: nothing): a
+    computation's state partitions are fixed at its first start and changed by `millstream rescale`.
+    A warning, not a refusal: the run goes on, as before, with the root's."""
+    frozen = state_partitions(commit.checkpoint.location)
+    asked = None if parallelism is None else max(1, min(parallelism, commit.plan.key_groups))
+    if frozen is None or asked is None or frozen == asked:
+        return None
+    return (f"computation {commit.plan.name!r} keeps its state in {frozen} partitions on this root (fixed at its first "
+            f"start), so parallelism={parallelism} does not apply to it: to change it, stop the pipeline and run "
+            f"`millstream rescale {root} --parallelism {parallelism}`")
+
+
 def computation_refusals(root: str, commit: ComputationCommit, checkpoint_root: str | None = None) -> list[str]:
     """Why a computation's query (the strong computation of `commit`, and the weak ones fused ahead
-    of it) cannot resume from its checkpoint; none for a new one. `checkpoint_root`: where the runner
-    was told to keep checkpoints, if it was."""
+    of it) cannot resume from its checkpoint; none for a new one. `checkpoint_root`: where the
+    runner was told to keep checkpoints, if it was."""
     first, checkpoint = commit.source_reader, commit.checkpoint
     location = checkpoint.location
     if checkpoint_root is not None and not _under(location, checkpoint_root):

@@ -22,6 +22,7 @@ import re
 import sys
 import tempfile
 import time
+import warnings
 from typing import Any, Callable, Mapping
 
 import pyarrow.fs as pafs
@@ -46,7 +47,7 @@ from millstream.spark.progress import ComputationProgress, PipelineProgress, rea
 from millstream.spark.publog import BATCH, CLAIM, Fenced, FencedWriter, PublicationLog
 from millstream.spark.retention import DEFAULT_RETAIN_LOGS_S, LogRetention
 from millstream.spark.rootfiles import LAYOUT_FILE, read_status_history, wake_file
-from millstream.spark.resume import computation_refusals, sink_refusals
+from millstream.spark.resume import computation_refusals, parallelism_kept, sink_refusals
 from millstream.spark.sinks import SinkDelivery, SinkError, check_sink_formats, sink_deliverers
 from millstream.spark.session import cluster_parallelism, hide_pandas_3_warning
 from millstream.spark.source import LOG_SCHEMA, Sender, SourcePlan, source_for
@@ -235,6 +236,10 @@ class SparkRunner:
         if refusals:
             self.lease.release()  # nothing ran: the root is free for the fixed pipeline
             raise PipelineError(f"{self.storage.describe()} cannot resume this pipeline: " + "; ".join(refusals))
+        for commit in self.commits.values():
+            note = parallelism_kept(self.root, commit, self._parallelism)
+            if note is not None:
+                warnings.warn(note, stacklevel=2)
         spark = self.spark
         try:
             check_sink_formats(spark, self.pipeline)
