@@ -9,7 +9,9 @@ Policy (`SparkRunner(retain_logs_s=...)`, default one hour; None keeps everythin
   2. it was published more than `retain_logs_s` ago, so a computation added to the running pipeline
      with `start="earliest"` finds at least that much history.
 - A log no computation or sink reads (a pipeline's final output, read with `read_stream`) is kept
-  whole: retention never deletes output nobody has taken.
+  whole. Retention goes by log, not by stream: an entry goes with every stream it holds, so a log
+  that is read loses, with it, the streams of it nobody reads (its dead letters, a side output).
+  Give a stream that must be kept a reader of its own (a sink).
 - Claims stay (fencing and take-over look for the newest one); they are one small file per driver
   start. The newest batch entry stays too (a restart resumes from it).
 - Injector streams are not logged: their sources keep them. A DataFrame injector's staged batches
