@@ -890,3 +890,58 @@ def test_journaled_timers_undo_to_the_mark_as_a_copy_taken_there_would():
         del JournaledTimers({})["absent"]
     with pytest.raises(KeyError):
         JournaledTimers({}).popitem()
+
+
+class MapOrder(Computation):
+    """Applies a record's map operation to its key's map; "keys" and "items" produce what it lists."""
+
+    entries = MapState("entries")
+
+    def process_record(self, ctx, record):
+        entries = ctx.state(self.entries)
+        op, name, value = record.value
+        if op == "put":
+            entries.put(name, value)
+        elif op == "remove":
+            entries.remove(name)
+        elif op == "get":
+            entries.get(name)
+        elif op == "clear":
+            entries.clear()
+        elif op == "keys":
+            ctx.produce(Record(ctx.key, list(entries.keys()), record.timestamp), "out")
+        else:
+            ctx.produce(Record(ctx.key, [list(pair) for pair in entries.items()], record.timestamp), "out")
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_map_lists_its_entries_in_dict_order_whatever_the_steps(seed):
+    # A plain dict's order over the map's whole history (a put of a new or removed key goes last, of
+    # a present one keeps its place; reads move nothing), however the operations fall into steps: it
+    # listed the entries its step had touched first, so a read, or where a step began, reordered
+    # keys() and items() (and the productions made from them, whose ids follow their order).
+    rng = random.Random(seed)
+    ops, model, expected = [], {}, []
+    for i in range(300):
+        op = rng.choice(["put", "put", "put", "remove", "get", "get", "keys", "items", "clear"] if i % 50
+                        else ["clear"])
+        name, value = rng.choice("abcdefg"), rng.randrange(100)
+        ops.append((op, name, value))
+        if op == "put":
+            model[name] = value
+        elif op == "remove":
+            model.pop(name, None)
+        elif op == "clear":
+            model.clear()
+        elif op == "keys":
+            expected.append(list(model))
+        elif op == "items":
+            expected.append([[k, v] for k, v in model.items()])
+    for steps in (1, 7, 300):  # everything in one step, a step every ~43 operations, one per operation
+        h = PipelineHarness(Pipeline("p").add_injector("src", ScriptedInjector("src", []), "in")
+                            .add_computation("m", MapOrder(), ["in"], ["out"]))
+        cuts = sorted(rng.sample(range(1, len(ops)), steps - 1))
+        for start, end in zip([0, *cuts], [*cuts, len(ops)]):
+            h.feed("src", [Record("k", list(op), i, f"r{i}") for i, op in enumerate(ops[start:end], start)])
+            h.run()
+        assert [r.value for r in h.output("out")] == expected, steps

@@ -541,7 +541,8 @@ class MapCell:
     [(b'1', b'10'), (b'2', b'30')]
     """
 
-    __slots__ = ("spec", "stored", "live", "on_write", "encoded", "first_forms", "index", "unindexed_lookups")
+    __slots__ = ("spec", "stored", "live", "on_write", "encoded", "first_forms", "index", "unindexed_lookups",
+                 "moved")
 
     def __init__(self, spec: MapState[Any, Any], stored: dict[bytes, bytes], on_write: Any = None) -> None:
         self.spec = spec
@@ -555,6 +556,8 @@ class MapCell:
         # The stored keys, decoded (to their encodings); None: not built (yet), or not for this map.
         self.index: dict[Any, bytes] | None = None
         self.unindexed_lookups = self._lookups_before_index()
+        # Keys put again after a removal this step: they go last, as in a dict (`_all`, `encode`).
+        self.moved: set[Any] = set()
 
     def copy(self, memo: dict[int, Any]) -> "MapCell":
         copied = MapCell.__new__(MapCell)
@@ -565,6 +568,7 @@ class MapCell:
         copied.encoded, copied.first_forms = dict(self.encoded), dict(self.first_forms)
         copied.index = None if self.index is None else dict(self.index)
         copied.unindexed_lookups = self.unindexed_lookups
+        copied.moved = set(self.moved)
         return copied
 
     def _lookups_before_index(self) -> int:
@@ -651,8 +655,12 @@ class MapCell:
         return default if value is _REMOVED else value
 
     def put(self, key: Any, value: Any) -> None:
+        live = self.live
         try:
-            self.live[key] = value
+            if live.get(key) is _REMOVED:  # put again after a removal: it goes last, as in a dict
+                del live[key]
+                self.moved.add(key)
+            live[key] = value
         except TypeError:
             raise TypeError(f"map state {self.spec.name!r}: a key must be hashable (a str, int, tuple, ...), got "
                             f"{type(key).__name__} {key!r:.60}") from None
@@ -676,13 +684,24 @@ class MapCell:
             live[self.spec.key_codec.decode(encoded)] = _REMOVED
 
     def _all(self) -> dict[Any, Any]:
-        """Every entry decoded (iteration needs them all)."""
-        key_codec, value_codec, live = self.spec.key_codec, self.spec.value_codec, self.live
+        """Every entry decoded (iteration needs them all), in the order of a dict that took the map's
+        whole history: the stored entries in their stored order, then those put this step that are
+        new or put again after a removal, in the order put. (Not `live`'s order: that is the order
+        the step touched them, a read included, so it would depend on where steps begin.)"""
+        key_codec, value_codec, live, moved = self.spec.key_codec, self.spec.value_codec, self.live, self.moved
+        ordered: dict[Any, Any] = {}
         for encoded, data in self.stored.items():
             key = key_codec.decode(encoded)
-            if key not in live:
-                live[key] = value_codec.decode(data)
-        return live
+            if key in moved:
+                continue
+            value = live.get(key, _MISSING)
+            if value is _MISSING:
+                value = live[key] = value_codec.decode(data)
+            ordered[key] = value
+        for key, value in live.items():
+            if key not in ordered:
+                ordered[key] = value
+        return ordered
 
     def items(self) -> Iterator[tuple[Any, Any]]:
         return iter([(k, v) for k, v in self._all().items() if v is not _REMOVED])
@@ -700,10 +719,14 @@ class MapCell:
         value_codec, encode_key, known = self.spec.value_codec, self._encode_key, self.encoded
         index = self.index
         removed = []
+        moved = self.moved
         try:
             for key, value in self.live.items():
                 if value is not _REMOVED:
-                    stored[known.get(key) or encode_key(key)] = value_codec.encode(value)
+                    encoded = known.get(key) or encode_key(key)
+                    if moved and key in moved:  # last, as in a dict
+                        stored.pop(encoded, None)
+                    stored[encoded] = value_codec.encode(value)
                     continue
                 removed.append(key)
                 # Else nothing to remove: no entry stored, or none under an equal key (index), so the
@@ -720,6 +743,7 @@ class MapCell:
             self.unindexed_lookups = self._lookups_before_index()
         for key in removed:
             del self.live[key]
+        moved.clear()
         return stored or None
 
 
