@@ -513,3 +513,37 @@ def test_times_and_keys_that_are_not_ints_and_strs_are_refused_where_given():
         harness.pending_timers("c", 7)  # type: ignore[arg-type]
     harness.feed("src", [Record("k", 1, 5)], watermark=1_000)  # ints: fine
     harness.run()
+
+
+def test_a_failed_step_stops_the_harness_and_leaves_it_readable():
+    # Key groups step one after another: when the second one's key fails, the first one's new state
+    # was saved and its productions never published, and the step's input points were taken. Going on
+    # reported output no run could produce (n=2 for a key whose first record was never published):
+    # the harness now refuses to go on, and what it holds stays readable.
+    from millstream import ValueState
+    from millstream.core.executor import ComputationFailed
+    from millstream.core.plan import key_group
+    from millstream.testing import HarnessStopped
+
+    class Count(Computation):
+        n = ValueState[int]("n", default=0)
+
+        def process_record(self, ctx, record):
+            if record.value == "boom":
+                raise ValueError("boom")
+            ctx.state(self.n).set(ctx.state(self.n).get() + 1)
+            ctx.produce(Record(ctx.key, ctx.state(self.n).get(), record.timestamp), "out")
+
+    keys = [f"k{i}" for i in range(40)]
+    early = next(k for k in keys if key_group(k, 4) == 0)
+    late = next(k for k in keys if key_group(k, 4) == 3)
+    h = PipelineHarness(Pipeline("p").add_injector("src", ScriptedInjector("src", []), "in")
+                        .add_computation("c", Count(), ["in"], ["out"]), key_groups=4)
+    h.feed("src", [Record(early, "ok", 1, "a"), Record(late, "boom", 2, "b")], watermark=10)
+    with pytest.raises(ComputationFailed, match="boom"):
+        h.run()
+    for going_on in (lambda: h.feed("src", [Record(early, "ok", 3, "c")]), h.run, h.step,
+                     lambda: h.advance_watermark("src", 20), lambda: h.advance_wall_time(5), h.pull_injectors):
+        with pytest.raises(HarnessStopped, match=r"stopped at a failed step \(computation 'c': ComputationFailed: "):
+            going_on()
+    assert h.output("out") == [] and h.low_watermark("c") < 10  # as the failed step left them

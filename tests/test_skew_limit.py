@@ -157,6 +157,6 @@ def test_the_unheld_watermark_is_the_runners_own_not_user_code_s():
         h.feed("src", [Record("k", action, 5)], watermark=5)
         with pytest.raises(ComputationFailed, match=r"'~unheld'.*carry: \[\]"):
             h.run()
-        with pytest.raises(ValueError, match=r"its watermark_keys: \[\]"):
-            h.advance_watermark("src", 6, keyed={"~unheld": 6})
+        with pytest.raises(ValueError, match=r"its watermark_keys: \[\]"):  # a harness that goes on
+            PipelineHarness(pipeline).advance_watermark("src", 6, keyed={"~unheld": 6})
         assert h.keyed_watermarks("reads") == {}

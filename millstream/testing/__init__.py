@@ -1,5 +1,5 @@
 """Test millstream computations and pipelines in-process, without Spark."""
 
-from millstream.testing.harness import PipelineHarness
+from millstream.testing.harness import HarnessStopped, PipelineHarness
 
-__all__ = ["PipelineHarness"]
+__all__ = ["HarnessStopped", "PipelineHarness"]

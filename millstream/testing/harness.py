@@ -79,6 +79,10 @@ def _check_time(what: str, value: Any) -> None:
         raise ValueError(f"{what} {problem}")
 
 
+class HarnessStopped(RuntimeError):
+    """The harness was asked to go on after a step failed (PipelineHarness.step)."""
+
+
 class PipelineHarness:
     """Runs a pipeline in-process.
 
@@ -125,6 +129,7 @@ class PipelineHarness:
         # Publication points not yet consumed, per (consumer, sender name).
         self._pending: dict[tuple[str, str], list[_Point]] = {}
         self._outputs: dict[str, list[Produced]] = {s: [] for s in pipeline.streams()}
+        self._stopped_by: str | None = None  # the failure a step raised: nothing more runs (step())
 
     # -- driving -------------------------------------------------------------------------------
     def feed(self, injector: str, records: Iterable[Record[Any]], watermark: int | None = None,
@@ -132,6 +137,7 @@ class PipelineHarness:
         """Inject records as if injector `injector` had read them (ids assigned when missing) and
         optionally publish its new low watermark (and keyed watermarks, `keyed`): one publication
         point. Nothing is processed until `step`/`run`."""
+        self._check_going()
         node = self._injector(injector)
         partition = self._partition(injector, partition)
         if isinstance(records, Record) or not hasattr(records, "__iter__"):
@@ -154,6 +160,7 @@ class PipelineHarness:
                           keyed: dict[str, int] | None = None) -> None:
         """Publish a new low watermark (and keyed watermarks, `keyed`) of an injector (partition),
         without records."""
+        self._check_going()
         self._injector(injector)
         partition = self._partition(injector, partition)
         if watermark is not None:
@@ -164,12 +171,14 @@ class PipelineHarness:
     def declare_idle(self, injector: str, partition: str | None = None) -> None:
         """Publish that an injector (partition) is idle, as it would after `idle_after_ms` without
         anything new: its consumers leave it out of their watermark until it publishes again."""
+        self._check_going()
         self._injector(injector)
         partition = self._partition(injector, partition)
         self._idle.add((injector, partition))
         self._publish_injector(injector, partition, [], [], idle=True)
 
     def advance_wall_time(self, wall_time: int) -> None:
+        self._check_going()
         _check_time("the wall time", wall_time)
         if wall_time < self.wall_time:
             raise ValueError("the wall clock does not go back")
@@ -179,6 +188,7 @@ class PipelineHarness:
         """Read what each injector partition has available (at most `max_records` each) through the
         Injector contract, as the Spark runner does: one publication point per partition that moved.
         Returns True if anything moved."""
+        self._check_going()
         moved = False
         for name, node in self.pipeline.injectors.items():
             codec = self.pipeline.codec(node.stream)
@@ -218,11 +228,26 @@ class PipelineHarness:
         return moved
 
     def step(self) -> bool:
-        """One round over all computations (see the module doc). Returns True if anything happened."""
+        """One round over all computations (see the module doc). Returns True if anything happened.
+        A step that raises (ComputationFailed under the `fail` policy, say) stops the harness: what
+        it did is partial (key groups stepped before the failing one saved, the points taken), as a
+        crashed Spark batch's is, and Spark replays such a batch from its last commit; the harness
+        cannot, so it refuses to go on (read what it holds; make a new one to run again)."""
+        self._check_going()
         busy = False
         for name in self._order:
-            busy |= self._step_computation(self._runs[name])
+            try:
+                busy |= self._step_computation(self._runs[name])
+            except BaseException as error:
+                self._stopped_by = f"computation {name!r}: {type(error).__name__}: {str(error).splitlines()[0]:.200}" \
+                    if str(error) else f"computation {name!r}: {type(error).__name__}"
+                raise
         return busy
+
+    def _check_going(self) -> None:
+        if self._stopped_by is not None:
+            raise HarnessStopped(f"the harness stopped at a failed step ({self._stopped_by}); what that step did is "
+                                 "partial, so nothing more runs on it: make a new PipelineHarness to run again")
 
     def run(self, max_steps: int = 10_000) -> None:
         """Step until nothing changes (all published points consumed, watermarks settled)."""
