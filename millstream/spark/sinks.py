@@ -30,14 +30,17 @@ import time
 import uuid
 from typing import Any, Callable
 
-from millstream.model.codecs import JsonCodec
+import pyarrow.parquet as pq
+
+from millstream.model.codecs import Codec, JsonCodec
 from millstream.model.locations import table_place
 from millstream.model.pipeline import Pipeline, SinkNode
 from millstream.spark import faults
 from millstream.spark.publog import BATCH, PublicationLog
 from millstream.spark.rootfiles import sink_progress
+from millstream.spark.source import LOG_SCHEMA
 from millstream.spark.storage import Storage
-from millstream.spark.writer import sink_staging_dir
+from millstream.spark.writer import sink_file, sink_staging_dir
 
 SinkFunction = Callable[[str, int, dict[str, Any]], None]
 
@@ -124,10 +127,21 @@ class SinkDelivery:
                 return
 
 
-def deliver_file_sink(root: str, node: SinkNode, producer: str, batch: int, entry: dict[str, Any]) -> None:
-    """Move the batch's staged sink files into the sink directory (a re-delivery finds them there)."""
+def deliver_file_sink(root: str, node: SinkNode, producer: str, batch: int, entry: dict[str, Any],
+                      codec: Codec) -> None:
+    """Move the batch's staged sink files into the sink directory (a re-delivery finds them there).
+    A batch published before the sink was added staged none: its files are written from the batch's
+    stream log instead, as a Spark-writer sink reads it, so a sink added later receives what is
+    retained either way."""
     staging = Storage(root)
     target = Storage(node.path)  # type: ignore[arg-type]
+    if node.name not in entry.get("sinks", {}):
+        for number, (path, rows) in enumerate(entry.get("streams", {}).get(node.stream, [])):
+            final = f"{producer}-{batch:012d}-log-{number:05d}.{node.format}"
+            if rows and not target.exists(final):
+                table = pq.read_table(path, filesystem=staging.fs, schema=LOG_SCHEMA)
+                target.write(final, sink_file(table, node.format, codec))
+        return
     for path, _rows in entry.get("sinks", {}).get(node.name, []):
         final = f"{producer}-{batch:012d}-{path.rsplit('/', 1)[-1]}"
         if not target.exists(final):
@@ -388,7 +402,7 @@ def sink_deliverers(spark: Any, root: str, pipeline: Pipeline,
         producers = [p for p in pipeline.producers(node.stream) if p in strong]
         if node.is_file_sink:
             def deliver(producer: str, batch: int, entry: dict[str, Any], node: SinkNode = node) -> None:
-                deliver_file_sink(root, node, producer, batch, entry)
+                deliver_file_sink(root, node, producer, batch, entry, pipeline.codec(node.stream))
         else:
             def deliver(producer: str, batch: int, entry: dict[str, Any], node: SinkNode = node) -> None:
                 deliver_with_spark(spark, pipeline, node, producer, batch, entry)
