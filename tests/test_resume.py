@@ -210,3 +210,15 @@ def test_a_parallelism_other_than_the_roots_is_told_to_go_through_rescale(tmp_pa
     assert parallelism_kept(str(tmp_path), commit_of(plan_computation(pipeline("web"), "up", 2), held), 8) is None
     note = parallelism_kept(str(tmp_path), commit_of(plan, held), 3)
     assert "'up' keeps its state in 2 partitions on this root" in note and "millstream rescale" in note
+
+
+def test_a_runner_without_key_groups_takes_the_roots(tmp_path):
+    # Made with 4 key groups, the root was refused to a runner (and to `millstream run`, which has no
+    # such option) that left key_groups out: it compared the default, 32, and advised deleting the root.
+    from millstream.core.plan import DEFAULT_KEY_GROUPS
+    from millstream.spark.runner import SparkRunner
+
+    root = str(tmp_path / "root")
+    SparkRunner(pipeline("web"), root=root, key_groups=4)
+    assert SparkRunner(pipeline("web"), root=root).key_groups == 4
+    assert SparkRunner(pipeline("web"), root=str(tmp_path / "new")).key_groups == DEFAULT_KEY_GROUPS

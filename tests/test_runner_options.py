@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 
@@ -27,10 +28,10 @@ def pipeline() -> Pipeline:
     ({"root": None}, "root must be a path"),
     ({"root": 5}, "root must be a path"),
     ({"root": "foo://bucket/x"}, "unknown scheme 'foo'"),
-    ({"key_groups": 2.5}, "key_groups must be a whole number >= 1, got 2.5"),
-    ({"key_groups": "8"}, "key_groups must be a whole number >= 1, got '8'"),
-    ({"key_groups": 0}, "key_groups must be a whole number >= 1, got 0"),
-    ({"key_groups": True}, "key_groups must be a whole number >= 1, got True"),
+    ({"key_groups": 2.5}, "key_groups must be a whole number >= 1 (or None for the root's own), got 2.5"),
+    ({"key_groups": "8"}, "key_groups must be a whole number >= 1 (or None for the root's own), got '8'"),
+    ({"key_groups": 0}, "key_groups must be a whole number >= 1 (or None for the root's own), got 0"),
+    ({"key_groups": True}, "key_groups must be a whole number >= 1 (or None for the root's own), got True"),
     ({"parallelism": "2"}, "parallelism must be a whole number >= 1 (or None"),
     ({"trigger_ms": -5}, "trigger_ms must be a whole number of milliseconds >= 0, got -5"),
     ({"trigger_ms": 0.5}, "trigger_ms must be a whole number of milliseconds >= 0, got 0.5"),
@@ -40,7 +41,7 @@ def pipeline() -> Pipeline:
 def test_bad_options_are_refused_before_anything_is_written(options, message, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     options = {"root": str(tmp_path / "root"), **options}
-    with pytest.raises((TypeError, ValueError), match=message.replace("(", r"\(").replace(".", r"\.")):
+    with pytest.raises((TypeError, ValueError), match=re.escape(message)):
         SparkRunner(pipeline(), **options)
     assert os.listdir(tmp_path) == []
 

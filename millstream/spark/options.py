@@ -79,7 +79,7 @@ def check_sink_directory(path: str, sink: str) -> None:
 
 def check_runner_options(*, key_groups: Any, parallelism: Any, trigger_ms: Any, max_records_per_batch: Any,
                          retain_logs_s: Any) -> None:
-    check_whole("key_groups", key_groups)
+    check_whole("key_groups", key_groups, none="for the root's own")
     check_whole("parallelism", parallelism, none="to follow the session")
     check_whole("trigger_ms", trigger_ms, 0, "a whole number of milliseconds")
     check_whole("max_records_per_batch", max_records_per_batch, none="for batch pacing")

@@ -74,7 +74,8 @@ class SparkRunner:
     the session (its default parallelism: local[N] -> N, a cluster -> its cores, once its executors
     have registered: session.cluster_parallelism) and kept in Spark's
     checkpoints; `millstream rescale` changes it later. `key_groups`: MillWheel's key intervals, fixed
-    for the life of a root, the most parallelism a computation can ever use.
+    for the life of a root, the most parallelism a computation can ever use (None: the root's, or
+    DEFAULT_KEY_GROUPS for a new root).
 
     A second driver on the same root refuses to start while the first is alive; `takeover=True`
     fences the first one instead (its later writes are never published).
@@ -93,7 +94,7 @@ class SparkRunner:
         pipeline: Pipeline,
         root: str = "./millstream-data",
         master: str = "local[*]",
-        key_groups: int = DEFAULT_KEY_GROUPS,
+        key_groups: int | None = None,
         parallelism: int | None = None,
         trigger_ms: int = 200,
         max_records_per_batch: int | None = None,
@@ -151,6 +152,10 @@ class SparkRunner:
         self.epoch = 0
         self._started_ms = 0
         self.group_labels: GroupLabels | None = None  # a new root's are chosen at its first start
+        if key_groups is None:  # the root's own, kept in its layout; a new root's default
+            stored = self.storage.read_json(LAYOUT_FILE)
+            known = stored.get("key_groups") if isinstance(stored, dict) else None
+            key_groups = known if isinstance(known, int) and not isinstance(known, bool) else DEFAULT_KEY_GROUPS
         self.key_groups = key_groups
         self._create_or_check_layout()
         self._parallelism = parallelism
