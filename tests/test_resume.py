@@ -222,3 +222,16 @@ def test_a_runner_without_key_groups_takes_the_roots(tmp_path):
     SparkRunner(pipeline("web"), root=root, key_groups=4)
     assert SparkRunner(pipeline("web"), root=root).key_groups == 4
     assert SparkRunner(pipeline("web"), root=str(tmp_path / "new")).key_groups == DEFAULT_KEY_GROUPS
+
+
+def test_removing_a_computation_that_feeds_a_sink_says_how(tmp_path):
+    import pytest
+
+    from millstream import PipelineError
+    from millstream.spark.runner import SparkRunner
+
+    fed = pipeline("web").add_sink("lines", "out", str(tmp_path / "lines"))
+    runner = SparkRunner(fed, root=str(tmp_path / "root"), key_groups=4)
+    with pytest.raises(PipelineError, match=r"'up' feeds sink\(s\) \['lines'\], which cannot be removed while the "
+                                            r"pipeline runs: stop it and run the pipeline without them"):
+        runner.remove_computation("up")

@@ -443,10 +443,14 @@ class SparkRunner:
             raise PipelineError(f"no strong computation {name!r} to remove (fused pairs are removed together "
                                 "by running without them)")
         node = self.pipeline.computations[name]
-        readers = [c for s in node.outputs for c in self.pipeline.consumers(s)] + [
-            k.name for k in self.pipeline.sinks.values() if k.stream in node.outputs]
+        readers = sorted({c for s in node.outputs for c in self.pipeline.consumers(s)})
+        sinks = sorted(k.name for k in self.pipeline.sinks.values() if k.stream in node.outputs)
         if readers:
-            raise PipelineError(f"computation {name!r} is read by {sorted(set(readers))}: remove those first")
+            raise PipelineError(f"computation {name!r} is read by {readers}: remove those first")
+        if sinks:  # sinks are set when the pipeline starts: none can be removed while it runs
+            raise PipelineError(f"computation {name!r} feeds sink(s) {sinks}, which cannot be removed while the "
+                                "pipeline runs: stop it and run the pipeline without them and without "
+                                f"{name!r}")
         query = self._queries.pop(name, None)
         if query is not None:
             query.stop()
