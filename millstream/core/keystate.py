@@ -542,7 +542,7 @@ class MapCell:
     """
 
     __slots__ = ("spec", "stored", "live", "on_write", "encoded", "first_forms", "index", "unindexed_lookups",
-                 "moved")
+                 "moved", "removals")
 
     def __init__(self, spec: MapState[Any, Any], stored: dict[bytes, bytes], on_write: Any = None) -> None:
         self.spec = spec
@@ -558,6 +558,7 @@ class MapCell:
         self.unindexed_lookups = self._lookups_before_index()
         # Keys put again after a removal this step: they go last, as in a dict (`_all`, `encode`).
         self.moved: set[Any] = set()
+        self.removals = False  # whether anything was removed this step (a put looks for a removal only then)
 
     def copy(self, memo: dict[int, Any]) -> "MapCell":
         copied = MapCell.__new__(MapCell)
@@ -568,7 +569,7 @@ class MapCell:
         copied.encoded, copied.first_forms = dict(self.encoded), dict(self.first_forms)
         copied.index = None if self.index is None else dict(self.index)
         copied.unindexed_lookups = self.unindexed_lookups
-        copied.moved = set(self.moved)
+        copied.moved, copied.removals = set(self.moved), self.removals
         return copied
 
     def _lookups_before_index(self) -> int:
@@ -657,7 +658,7 @@ class MapCell:
     def put(self, key: Any, value: Any) -> None:
         live = self.live
         try:
-            if live.get(key) is _REMOVED:  # put again after a removal: it goes last, as in a dict
+            if self.removals and live.get(key) is _REMOVED:  # put again after a removal: last, as in a dict
                 del live[key]
                 self.moved.add(key)
             live[key] = value
@@ -669,6 +670,7 @@ class MapCell:
 
     def remove(self, key: Any) -> None:
         self.live[key] = _REMOVED
+        self.removals = True
 
     def contains(self, key: Any) -> bool:
         value = self.live.get(key, _MISSING)
@@ -677,6 +679,7 @@ class MapCell:
         return value is not _REMOVED
 
     def clear(self) -> None:
+        self.removals = True
         live = self.live
         for key in live:  # entries of this step, stored or not yet
             live[key] = _REMOVED
@@ -744,6 +747,7 @@ class MapCell:
         for key in removed:
             del self.live[key]
         moved.clear()
+        self.removals = False  # no marker is left in `live`
         return stored or None
 
 
