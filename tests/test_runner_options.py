@@ -72,9 +72,10 @@ def test_a_file_sink_directory_that_cannot_be_written_is_refused_before_spark_st
     for path, problem in ((tmp_path / "a_file", "is a file, not a directory"),
                           (tmp_path / "a_file" / "out", f"is under {tmp_path / 'a_file'}, which is a file"),
                           ("/proc/millstream_out", "cannot create a directory in /proc")):
-        sunk = pipeline().add_sink("out", "out", str(path))
-        with pytest.raises(PipelineError, match=rf"sink 'out': {path}: {problem}".replace("(", r"\(")):
-            SparkRunner(sunk, root=str(tmp_path / "root"))
+        for sink_format in ("jsonl", "csv"):  # millstream's own file format, and Spark's (a 70-line trace before)
+            sunk = pipeline().add_sink("out", "out", str(path), format=sink_format)
+            with pytest.raises(PipelineError, match=rf"sink 'out': {path}: {problem}".replace("(", r"\(")):
+                SparkRunner(sunk, root=str(tmp_path / "root"))
     assert sorted(os.listdir(tmp_path)) == ["a_file"]
     # A file: URL is probed where it points, not under the working directory.
     monkeypatch.chdir("/proc")

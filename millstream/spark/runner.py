@@ -123,7 +123,8 @@ class SparkRunner:
         for sink in pipeline.sinks.values():
             if sink.path is not None:
                 check_no_credentials(sink.path, f"sink {sink.name!r} path")
-            if sink.path is not None and sink.is_file_sink and is_local(sink.path):
+            # millstream's own file sinks, and Spark's file formats (csv, json, orc, ...): a directory each.
+            if sink.path is not None and sink.writer is None and sink.table is None and is_local(sink.path):
                 check_sink_directory(local_path(sink.path), sink.name)  # where Storage will write
         self.root = os.path.abspath(root) if is_local(root) else root
         self.storage = Storage(self.root)
