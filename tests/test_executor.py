@@ -1292,3 +1292,37 @@ def test_state_too_deep_or_keyed_by_mutable_objects_makes_the_step_start_over(mo
     keyed = [{"op": "object_key"}, {"op": "object_key", "fail": True}, {"op": "object_key"},
              {"op": "object_key", "fail": True}, {"op": "object_key"}]
     assert {every: _keeper_outcome(keyed, every, monkeypatch)[2] for every in (0, 1, 3)} == {0: [3], 1: [3], 3: [3]}
+
+
+@pytest.mark.parametrize("together", [False, True])
+def test_a_timer_set_twice_by_one_redelivered_record_fails_only_where_it_failed(together):
+    # With exactly_once=False a record delivered twice sets the same timer twice, with the same
+    # identity (tag, time, the record as setter). Its first firing succeeds, its second fails: the
+    # rerun skipped both when the two points shared a step (no output, two dead letters, the first
+    # firing's state change lost), where one step per point skipped the failed one alone.
+    from millstream.testing import PipelineHarness
+
+    class FailsSecond(Computation):
+        fired = ValueState("fired", default=0)
+
+        def process_record(self, ctx, record):
+            ctx.set_timer("t", record.timestamp + 1)
+
+        def process_timer(self, ctx, timer):
+            n = ctx.state(self.fired)
+            n.set(n.get() + 1)
+            if n.get() == 2:
+                raise ValueError("second firing fails")
+            ctx.produce(Record(ctx.key, f"firing #{n.get()}", timer.time), "out")
+
+    h = PipelineHarness(Pipeline("p").add_injector("src", ScriptedInjector("src", []), "in")
+                        .add_computation("c", FailsSecond(), ["in"], ["out"], on_error="dead_letter",
+                                         exactly_once=False))
+    h.feed("src", [Record("k", "x", 1, "r1")], watermark=10)
+    if not together:
+        h.run()
+    h.feed("src", [Record("k", "x", 1, "r1")])
+    h.run()
+    assert [r.value for r in h.output("out")] == ["firing #1"]
+    assert [(d["timer"]["tag"], d["timer"]["time"]) for d in h.dead_letters()] == [("t", 2)]
+    assert h.state("c", "k") == {"fired": 1}

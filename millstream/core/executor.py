@@ -64,8 +64,12 @@ _WALL, _LOW_WATERMARK = TimeDomain.WALL_TIME, TimeDomain.LOW_WATERMARK
 _new_tuple = tuple.__new__  # a NamedTuple without its Python-level __new__
 _hex128 = xxhash.xxh3_128_hexdigest
 _NO_SKIPPED_ITEMS: frozenset[int] = frozenset()  # a key's first run of a step skips nothing
-_NO_SKIPPED_TIMERS: frozenset[tuple[str, int, str]] = frozenset()
-_NO_TIMERS_MET: list[tuple[str, int, str]] = []  # shared and never added to (nothing is skipped)
+# A timer firing within a key's step, as failures name it and reruns skip it: (tag, time, setter,
+# the input point it fires at). The point tells apart two firings of one timer set twice by the same
+# invocation (a record delivered twice, with exactly_once=False): at most one fires per point.
+FiringId = tuple[str, int, str, int]
+_NO_SKIPPED_TIMERS: frozenset[FiringId] = frozenset()
+_NO_TIMERS_MET: list[FiringId] = []  # shared and never added to (nothing is skipped)
 # A key's hold changes until its first (most keys hold nothing): shared, replaced rather than added to.
 _NO_HOLD_CHANGES: list[tuple[int, int | None]] = []
 _NO_SPEC = object()  # no state asked for yet (None is a mistake user code can make: it must reach the check)
@@ -135,7 +139,7 @@ class _UserFailure(Exception):
     """User code raised; carries what failed (positions in the key's deliveries, or a timer) for the
     error policy."""
 
-    def __init__(self, error: BaseException, items: tuple[int, ...] = (), timer: tuple[str, int, str] | None = None,
+    def __init__(self, error: BaseException, items: tuple[int, ...] = (), timer: FiringId | None = None,
                  segment: int = 0) -> None:
         super().__init__(describe_error(error))
         self.error, self.items, self.timer, self.segment = error, items, timer, segment
@@ -482,7 +486,7 @@ class _KeyStep:
     """One key through one step (see the module doc). Raises _UserFailure when user code fails."""
 
     def __init__(self, executor: "KeyGroupExecutor", key: str, blob: bytes | None, segments: Sequence[Segment],
-                 wall_time: int, skip_items: AbstractSet[int], skip_timers: AbstractSet[tuple[str, int, str]],
+                 wall_time: int, skip_items: AbstractSet[int], skip_timers: AbstractSet[FiringId],
                  flush_each: bool, on_failure: Callable[[_UserFailure], None] | None = None) -> None:
         self.plan = executor.plan
         self.key = key
@@ -512,7 +516,7 @@ class _KeyStep:
         self.hold_before = self.state.hold() if self.state.holds else None
         # Timers that failed in an earlier run, met in this one (fire() adds only where skip_timers holds any,
         # or may come to: on_timer_failure adds to it).
-        self.timers_skipped: list[tuple[str, int, str]] = \
+        self.timers_skipped: list[FiringId] = \
             [] if skip_timers or self.on_timer_failure is not None else _NO_TIMERS_MET
 
     def run(self, items: Sequence[Delivery]) -> None:
@@ -792,9 +796,9 @@ class _KeyStep:
                         hold = holds.pop(tag)
                     else:
                         hold = None
-                    if skip and (tag, time, setter) in skip:
+                    if skip and (tag, time, setter, point) in skip:
                         skipped += 1
-                        self.timers_skipped.append((tag, time, setter))
+                        self.timers_skipped.append((tag, time, setter, point))
                         continue
                     if point != current:
                         current = point
@@ -811,7 +815,7 @@ class _KeyStep:
                         if flush_each:
                             state.flush(plan.state_specs)
                     except Exception as error:
-                        raise _UserFailure(error, timer=(tag, time, setter), segment=point) from error
+                        raise _UserFailure(error, timer=(tag, time, setter, point), segment=point) from error
                     if ctx.timer_changes != version:
                         break  # user code changed the key's timers: take the order again
                 else:
@@ -932,10 +936,10 @@ class KeyGroupExecutor:
         except (_StateFlushFailed, _UserFailure) as first:
             failure = first
         skip_items: set[int] = set()
-        skip_timers: set[tuple[str, int, str]] = set()
+        skip_timers: set[FiringId] = set()
         # A failed timer's dead letter, published only if the run that stands meets the timer: code
         # that is not deterministic may not set it again.
-        timer_letters: dict[tuple[str, int, str], ProductionRow] = {}
+        timer_letters: dict[FiringId, ProductionRow] = {}
         flush_each = False
 
         def apply_policy(failure: _UserFailure) -> None:
@@ -976,7 +980,7 @@ class KeyGroupExecutor:
             where = (f"record {delivery.record.id!r} from stream {delivery.stream!r} "
                      f"(timestamp {delivery.record.timestamp})")
         else:
-            tag, time, _ = failure.timer or ("?", 0, "")
+            tag, time, _, _ = failure.timer or ("?", 0, "", 0)
             where = f"timer {tag!r} at {time}"
         return (f"computation {self.plan.name!r} failed on key {key!r}, {where}: {describe_error(failure.error)}\n"
                 f"{user_traceback(failure.error)}")
@@ -991,7 +995,7 @@ class KeyGroupExecutor:
                 value = f"<undecodable: {describe_error(error)}>"
             return dead_letter(self.plan.name, key=key, stream=delivery.stream, sender=None, record_id=record.id,
                                timestamp=record.timestamp, value=value, error=failure.error, segment=failure.segment)
-        tag, time, setter = failure.timer or ("", 0, "")
+        tag, time, setter, _ = failure.timer or ("", 0, "", 0)
         return dead_letter(self.plan.name, key=key, stream=None, sender=None, record_id=None, timestamp=time,
                            value=None, error=failure.error, segment=failure.segment,
                            timer={"tag": tag, "time": time, "setter": setter})
