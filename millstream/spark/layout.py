@@ -22,7 +22,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 from millstream.model.state import ListState, MapState, StateSpec
-
 from millstream.spark.partitioning import GroupLabels
 from millstream.spark.rootfiles import LAYOUT_FILE
 from millstream.spark.storage import Storage

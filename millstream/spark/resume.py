@@ -2,7 +2,7 @@
 Spark runs anything, instead of found later as lost or stuck output.
 
 A computation's checkpoint holds, in its source's offsets (Spark's `offsets/<batch>`), one entry per
-sender: each injector partition's offset, each upstream log's position. Two things about a root can
+sender: each injector partition's offset, each upstream log's position. Three things about a root can
 change under it while it is stopped:
 
 - The pipeline: its inputs, their producers, an injector's partitions. A sender the checkpoint does not
@@ -14,6 +14,11 @@ change under it while it is stopped:
   position may lie before what was deleted, and reading on would skip it (a reader new to a log
   starts at its oldest retained entry, as documented; one with a position must not). Claims are
   never deleted, so a position is missing only where a batch was.
+- Its checkpoint: gone (Spark would start the computation over with empty state while its log goes
+  on) or given elsewhere by `checkpoint_root=` (the root's claims name where it is).
+
+A `parallelism=` other than the one a root's checkpoints froze is not refused, only told
+(`parallelism_kept`): the run goes on with the root's, and `millstream rescale` changes it.
 
 >>> missing_entries(position=3, below=7, kept_claims=[5])
 [4, 6]

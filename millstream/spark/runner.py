@@ -45,9 +45,9 @@ from millstream.spark.pacing import BatchPacing
 from millstream.spark.partitioning import GroupLabels, alignment
 from millstream.spark.progress import ComputationProgress, PipelineProgress, read_progress
 from millstream.spark.publog import BATCH, CLAIM, Fenced, FencedWriter, PublicationLog
+from millstream.spark.resume import computation_refusals, parallelism_kept, sink_refusals
 from millstream.spark.retention import DEFAULT_RETAIN_LOGS_S, LogRetention
 from millstream.spark.rootfiles import LAYOUT_FILE, read_status_history, wake_file
-from millstream.spark.resume import computation_refusals, parallelism_kept, sink_refusals
 from millstream.spark.sinks import SinkDelivery, SinkError, check_sink_formats, sink_deliverers
 from millstream.spark.session import cluster_parallelism, hide_pandas_3_warning
 from millstream.spark.source import LOG_SCHEMA, Sender, SourcePlan, source_for
