@@ -279,8 +279,9 @@ def check_sink_formats(spark: Any, pipeline: Pipeline) -> None:
 
 
 def _java_reason(error: BaseException) -> str:
-    """The Java exception's own message in a Py4J error ("[ERROR_CLASS] text"): its deepest cause's
-    where it names one (a JDBC driver's "see the next exception" says nothing), else the first line.
+    """The Java exception's own message in a Py4J error ("[ERROR_CLASS] text"), else the first line;
+    where that message only points further down (a JDBC driver's "see the next exception"), the
+    deepest cause's.
 
     >>> _java_reason(RuntimeError("An error occurred while calling o450.save.\\n: org.apache.hadoop.fs."
     ...     "ParentNotDirectoryException: Parent path is not a directory: /out\\n\\tat org.apache...(X.java:1)"))
@@ -290,14 +291,14 @@ def _java_reason(error: BaseException) -> str:
     'Directory /proc/nope/db cannot be created.'
     """
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    causes = [found.group(1) for line in lines
-              if (found := re.match(r"^Caused by: [\w.$]+(?:Exception|Error): (.+)$", line))]
-    if causes:
-        return causes[-1]
     for line in lines:
         found = re.match(r"^:?\s*[\w.$]+(?:Exception|Error): (.+)$", line)
         if found:
-            return found.group(1)
+            if "next exception" not in found.group(1):
+                return found.group(1)
+            causes = [cause.group(1) for line in lines
+                      if (cause := re.match(r"^Caused by: [\w.$]+(?:Exception|Error): (.+)$", line))]
+            return causes[-1] if causes else found.group(1)
     return lines[0] if lines else type(error).__name__
 
 
