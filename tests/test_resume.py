@@ -5,12 +5,17 @@ needed. tests/spark/test_resume_spark.py shows the same refusals on real runs.""
 import json
 import os
 
-from millstream import Computation, Pipeline, ScriptedInjector
-from millstream.core.plan import plan_computation
+import pytest
+
+from millstream import (Computation, GeneratorInjector, MapState, Pipeline, PipelineError, Record, ScriptedInjector,
+                        StrCodec, ValueState)
+from millstream.core.plan import DEFAULT_KEY_GROUPS, plan_computation
 from millstream.spark.commit import Checkpoint, ComputationCommit
 from millstream.spark.publog import BATCH, CLAIM, FencedWriter, PublicationLog
-from millstream.spark.resume import computation_refusals, missing_entries, sink_refusals
+from millstream.spark.rescale import state_partitions
+from millstream.spark.resume import computation_refusals, missing_entries, parallelism_kept, sink_refusals
 from millstream.spark.rootfiles import sink_progress
+from millstream.spark.runner import SparkRunner
 from millstream.spark.storage import Storage
 
 
@@ -125,11 +130,6 @@ def test_a_checkpoint_gone_or_elsewhere_is_refused(tmp_path):
 def test_a_computation_added_while_running_may_not_produce_to_a_stream_already_read(tmp_path):
     # The running readers' inputs are fixed: the new producer's output would reach none of them (and a
     # restart would refuse them). Refused before anything is claimed or started.
-    import pytest
-
-    from millstream import PipelineError
-    from millstream.spark.runner import SparkRunner
-
     running = pipeline("web").add_computation("down", Echo(), ["out"], ["end"])
     runner = SparkRunner(running, root=str(tmp_path / "root"), key_groups=4)
     with pytest.raises(PipelineError, match=r"'second' would produce to 'out' \(read by 'down'\).*new stream"):
@@ -142,11 +142,6 @@ def test_a_state_or_injector_declared_another_way_on_an_existing_root_is_refused
     # changed read none of them back (a count started over beside its old entry), a ValueState's codec
     # or kind changed failed in user code. Refused when the runner is made, naming the state; a new
     # state, a TTL changed, a computation or an injector left out for a run are fine.
-    import pytest
-
-    from millstream import GeneratorInjector, MapState, PipelineError, Record, StrCodec, ValueState
-    from millstream.spark.runner import SparkRunner
-
     def counting(map_state, injector=None):
         class Count(Computation):
             totals = map_state
@@ -184,8 +179,6 @@ def test_a_state_or_injector_declared_another_way_on_an_existing_root_is_refused
 def test_state_partitions_are_read_from_the_newest_offsets_not_the_state_directories(tmp_path):
     # A repartition 2 -> 1 leaves partition 1's state directory behind: counting directories read 2,
     # so `millstream rescale` reported "2 -> 2" and a later rescale back to 2 did nothing.
-    from millstream.spark.rescale import state_partitions
-
     location = tmp_path / "checkpoint"
     for partition in ("0", "1"):
         os.makedirs(location / "state" / "0" / partition)
@@ -198,8 +191,6 @@ def test_state_partitions_are_read_from_the_newest_offsets_not_the_state_directo
 
 
 def test_a_parallelism_other_than_the_roots_is_told_to_go_through_rescale(tmp_path):
-    from millstream.spark.resume import parallelism_kept
-
     plan = plan_computation(pipeline("web"), "up", 4)
     held = checkpoint(tmp_path, {"web/web#0": {"offset": {}, "watermark": 0}})
     metadata = {"conf": {"spark.sql.shuffle.partitions": "2"}}
@@ -215,9 +206,6 @@ def test_a_parallelism_other_than_the_roots_is_told_to_go_through_rescale(tmp_pa
 def test_a_runner_without_key_groups_takes_the_roots(tmp_path):
     # Made with 4 key groups, the root was refused to a runner (and to `millstream run`, which has no
     # such option) that left key_groups out: it compared the default, 32, and advised deleting the root.
-    from millstream.core.plan import DEFAULT_KEY_GROUPS
-    from millstream.spark.runner import SparkRunner
-
     root = str(tmp_path / "root")
     SparkRunner(pipeline("web"), root=root, key_groups=4)
     assert SparkRunner(pipeline("web"), root=root).key_groups == 4
@@ -225,11 +213,6 @@ def test_a_runner_without_key_groups_takes_the_roots(tmp_path):
 
 
 def test_removing_a_computation_that_feeds_a_sink_says_how(tmp_path):
-    import pytest
-
-    from millstream import PipelineError
-    from millstream.spark.runner import SparkRunner
-
     fed = pipeline("web").add_sink("lines", "out", str(tmp_path / "lines"))
     runner = SparkRunner(fed, root=str(tmp_path / "root"), key_groups=4)
     with pytest.raises(PipelineError, match=r"'up' feeds sink\(s\) \['lines'\], which cannot be removed while the "

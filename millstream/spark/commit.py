@@ -59,11 +59,27 @@ class Checkpoint:
 
     def end_offset(self, batch: int) -> dict[str, Any] | None:
         """The source's end offset of `batch` (Spark writes it before running the batch)."""
-        text = self.storage.read(f"offsets/{batch}")
-        if text is None:
+        lines = self._offset_lines(batch)
+        if lines is None:
             return None
-        offset: dict[str, Any] = json.loads(text.decode().strip().splitlines()[-1])
+        offset: dict[str, Any] = json.loads(lines[-1])
         return offset
+
+    def batch_conf(self, batch: int) -> dict[str, str]:
+        """The session settings Spark froze into `batch`'s offsets (spark.sql.shuffle.partitions, ...)."""
+        lines = self._offset_lines(batch)
+        metadata = json.loads(lines[1]) if lines is not None and len(lines) > 1 and lines[1].startswith("{") else {}
+        return dict(metadata.get("conf", {}))
+
+    def _offset_lines(self, batch: int) -> list[str] | None:
+        """Spark's offsets file of `batch`: its version, the batch's metadata, then one line per source."""
+        text = self.storage.read(f"offsets/{batch}")
+        return None if text is None else text.decode().strip().splitlines()
+
+    def committed_offset(self) -> dict[str, Any] | None:
+        """The end offset of the last batch Spark committed (None: none yet): where a restart resumes."""
+        last = self.last_committed()
+        return self.end_offset(last) if last >= 0 else None
 
     def is_committed(self, batch: int) -> bool:
         return self.storage.exists(f"commits/{batch}")

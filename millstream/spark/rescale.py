@@ -13,10 +13,9 @@ it as an empty entry, so batch ids and publication positions stay in step.
 
 from __future__ import annotations
 
-import json
 from typing import Any, Sequence
 
-from millstream.spark.commit import staged_after
+from millstream.spark.commit import Checkpoint, staged_after
 from millstream.spark.fencing import Lease, RootInUse
 from millstream.spark.publog import PublicationLog
 from millstream.spark.layout import read_layout
@@ -39,16 +38,12 @@ def state_partitions(checkpoint: str) -> int | None:
     """The number of state partitions Spark froze in a checkpoint (None before its first batch): as
     its newest offsets record them (a repartition to fewer leaves the others' state directories
     behind, so counting those misreads it), else as its state directories show."""
-    storage = Storage(checkpoint)
-    batches = [int(name) for name in storage.list("offsets") if name.isdigit()]
-    text = storage.read(f"offsets/{max(batches)}") if batches else None
-    if text is not None:
-        lines = text.decode().splitlines()
-        metadata = json.loads(lines[1]) if len(lines) > 1 and lines[1].startswith("{") else {}
-        frozen = metadata.get("conf", {}).get("spark.sql.shuffle.partitions")
-        if frozen is not None:
-            return int(frozen)
-    partitions = [name for name in storage.list("state/0") if name.isdigit()]
+    logged = Checkpoint(checkpoint)
+    planned = logged.last_planned()
+    frozen = logged.batch_conf(planned).get("spark.sql.shuffle.partitions") if planned >= 0 else None
+    if frozen is not None:
+        return int(frozen)
+    partitions = [name for name in logged.storage.list("state/0") if name.isdigit()]
     return len(partitions) or None
 
 

@@ -80,7 +80,8 @@ def computation_refusals(root: str, commit: ComputationCommit, checkpoint_root: 
     if checkpoint_root is not None and not _under(location, checkpoint_root):
         return [f"computation {commit.plan.name!r} keeps its checkpoint at {location}, not under checkpoint_root="
                 f"{checkpoint_root}: a root's checkpoints stay where they were made (leave checkpoint_root out)"]
-    if commit.last_published >= 1 and checkpoint.last_committed() < 0:
+    resumed = checkpoint.committed_offset()
+    if commit.last_published >= 1 and resumed is None:
         return [f"computation {commit.plan.name!r} published batches up to {commit.last_published}, but its "
                 f"checkpoint at {location} holds no committed batch (removed or moved away?): Spark would start it "
                 "over with empty state. Put the checkpoint back, or start a new root"]
@@ -96,8 +97,6 @@ def computation_refusals(root: str, commit: ComputationCommit, checkpoint_root: 
                 "a computation's input streams, their producers and its injectors' partitions are fixed for the "
                 "life of its checkpoint. Give the changed computation a new name (it starts afresh), or run it with "
                 "its inputs as they were"]
-    committed = checkpoint.last_committed()
-    resumed = checkpoint.end_offset(committed) if committed >= 0 else None
     refusals = []
     for sender, item in sorted((resumed or {"senders": {}})["senders"].items()):
         if "position" not in item:  # an injector partition: its offsets are the injector's own

@@ -87,8 +87,7 @@ class LogRetention:
                        if s.is_injector and s.producer == injector]
             if not senders:
                 continue
-            last = commit.checkpoint.last_committed()
-            offset = commit.checkpoint.end_offset(last) if last >= 0 else None
+            offset = commit.checkpoint.committed_offset()
             for sender in senders:
                 item = (offset or {}).get("senders", {}).get(sender)
                 batches.append(item["offset"]["batch"] if item else -1)
@@ -102,8 +101,7 @@ class LogRetention:
             senders = [s for plan in (*commit.fused, commit.plan) for s in _log_senders(plan, producer)]
             if not senders:
                 continue
-            last = commit.checkpoint.last_committed()
-            offset = commit.checkpoint.end_offset(last) if last >= 0 else None
+            offset = commit.checkpoint.committed_offset()
             for sender in senders:
                 item = (offset or {}).get("senders", {}).get(sender)
                 positions.append(item["position"] if item else -1)

@@ -473,8 +473,7 @@ class SparkRunner:
                 positions[sender.name] = PublicationLog(self.root, sender.producer).head()
                 continue
             for other, commit in self.commits.items():  # an existing reader of the same injector partition
-                last = commit.checkpoint.last_committed()
-                offset = commit.checkpoint.end_offset(last) if last >= 0 else None
+                offset = commit.checkpoint.committed_offset()
                 if offset and sender.name in offset["senders"]:
                     positions[sender.name] = offset["senders"][sender.name]["offset"]
                     break

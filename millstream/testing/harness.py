@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable, cast
 
-from millstream.core.deadletters import dead_letter
+from millstream.core.deadletters import dead_letter, describe_error
 from millstream.core.production import Produced, output_order
 from millstream.core.executor import (ComputationFailed, Delivery, KeyGroupExecutor, StepMetrics, inspect_key,
                                       key_or_dead_letter)
@@ -239,8 +239,7 @@ class PipelineHarness:
             try:
                 busy |= self._step_computation(self._runs[name])
             except BaseException as error:
-                self._stopped_by = f"computation {name!r}: {type(error).__name__}: {str(error).splitlines()[0]:.200}" \
-                    if str(error) else f"computation {name!r}: {type(error).__name__}"
+                self._stopped_by = f"computation {name!r}: {describe_error(error).splitlines()[0]:.200}"
                 raise
         return busy
 
