@@ -22,6 +22,7 @@ import re
 import sys
 import tempfile
 import time
+import types
 import warnings
 from typing import Any, Callable, Mapping
 
@@ -44,7 +45,7 @@ from millstream.spark.options import check_root, check_runner_options, check_sin
 from millstream.spark.pacing import BatchPacing
 from millstream.spark.partitioning import GroupLabels, alignment
 from millstream.spark.progress import ComputationProgress, PipelineProgress, read_progress
-from millstream.spark.publog import BATCH, CLAIM, Fenced, FencedWriter, PublicationLog
+from millstream.spark.publog import CLAIM, Fenced, FencedWriter, PublicationLog
 from millstream.spark.resume import computation_refusals, parallelism_kept, sink_refusals
 from millstream.spark.retention import DEFAULT_RETAIN_LOGS_S, LogRetention
 from millstream.spark.rootfiles import LAYOUT_FILE, read_status_history, wake_file
@@ -657,10 +658,7 @@ class SparkRunner:
         codec = self.pipeline.codec(stream)
         records = []
         for producer in producers:
-            log = PublicationLog(self.root, producer)
-            for _, entry in log.entries_after(-1, 1 << 40):
-                if entry["type"] != BATCH:
-                    continue
+            for _, entry in PublicationLog(self.root, producer).batches():
                 for path, rows in entry["streams"].get(stream, []):
                     if not rows:
                         continue
@@ -721,22 +719,28 @@ def _pickle_user_code_by_value(pipeline: Pipeline) -> None:
     objects += [f for n in pipeline.computations.values() for f in n.inputs.values()]
     objects += [n.writer for n in pipeline.sinks.values() if n.writer is not None]
     for module_name in _modules_referenced(objects):
-        module = sys.modules.get(module_name)
-        if module is None or module_name == "__main__" or module_name.startswith(("millstream.", "builtins")):
-            continue
-        path = getattr(module, "__file__", "") or ""
-        if "site-packages" in path or "dist-packages" in path or not path.endswith(".py") or \
-                path.startswith(sys.base_prefix):
-            continue
-        try:
-            cloudpickle.register_pickle_by_value(module)
-        except ValueError:
-            pass
+        if module_name != "__main__" and _users_module(module_name):
+            try:
+                cloudpickle.register_pickle_by_value(sys.modules[module_name])
+            except ValueError:
+                pass
 
 
-def _modules_referenced(objects: list[Any], depth: int = 4) -> set[str]:
-    """Modules of the classes and functions reachable from `objects` through attributes and
-    containers, `depth` levels deep."""
+def _users_module(name: str) -> bool:
+    """Whether module `name` is the user's own: a loaded .py file that is neither millstream's, nor
+    installed (site-packages), nor Python's own."""
+    module = sys.modules.get(name)
+    if module is None or name == "millstream" or name.startswith(("millstream.", "builtins")):
+        return False
+    path = getattr(module, "__file__", "") or ""
+    return path.endswith(".py") and "site-packages" not in path and "dist-packages" not in path and \
+        not path.startswith(sys.base_prefix)
+
+
+def _modules_referenced(objects: list[Any], depth: int = 8) -> set[str]:
+    """Modules of the classes, functions and modules reachable from `objects`, `depth` levels deep:
+    through attributes, containers and closures; a class's bases and its methods; a function's
+    globals it names (cloudpickle pickles those by reference unless their module goes by value)."""
     found: set[str] = set()
     seen: set[int] = set()
     frontier = list(objects)
@@ -746,6 +750,9 @@ def _modules_referenced(objects: list[Any], depth: int = 4) -> set[str]:
             if id(obj) in seen or obj is None or isinstance(obj, (str, bytes, int, float, bool)):
                 continue
             seen.add(id(obj))
+            if isinstance(obj, types.ModuleType):
+                found.add(obj.__name__)
+                continue  # its contents travel with it, or are imported with it
             module = getattr(obj, "__module__", None) or type(obj).__module__
             if isinstance(module, str):
                 found.add(module)
@@ -753,12 +760,35 @@ def _modules_referenced(objects: list[Any], depth: int = 4) -> set[str]:
                 following += list(obj.values())
             elif isinstance(obj, (list, tuple, set, frozenset)):
                 following += list(obj)
-            elif callable(obj) and hasattr(obj, "__closure__"):
+            elif isinstance(obj, (staticmethod, classmethod, property)):
+                following += [getattr(obj, name, None) for name in ("__func__", "fget", "fset")]
+            elif isinstance(obj, types.MethodType):
+                following.append(obj.__func__)
+            elif isinstance(obj, type):
+                if isinstance(module, str) and _users_module(module):  # not millstream's classes, say
+                    following += [base for base in obj.__mro__[1:] if base is not object]
+                    following += list(vars(obj).values())  # methods, and what the class holds
+            elif isinstance(obj, types.FunctionType):
                 following += [c.cell_contents for c in (obj.__closure__ or ()) if _filled(c)]
-            elif hasattr(obj, "__dict__") and not isinstance(obj, type):
-                following += list(vars(obj).values())
+                if isinstance(module, str) and _users_module(module):
+                    names = _global_names(obj.__code__)
+                    following += [value for name, value in obj.__globals__.items() if name in names]
+            else:  # an instance (of millstream's classes too: they may hold the user's functions)
+                following.append(type(obj))
+                if hasattr(obj, "__dict__"):
+                    following += list(vars(obj).values())
         frontier = following
     return found
+
+
+def _global_names(code: types.CodeType) -> set[str]:
+    """The names a function's code (its nested functions' and comprehensions' included) may look up
+    as globals."""
+    names = set(code.co_names)
+    for constant in code.co_consts:
+        if isinstance(constant, types.CodeType):
+            names |= _global_names(constant)
+    return names
 
 
 def _filled(cell: Any) -> bool:

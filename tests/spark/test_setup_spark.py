@@ -2,7 +2,9 @@
 is processed by an instance whose setup() ran, and setup() runs once per worker process (not once per
 task): a client opened in setup() is there for every later micro-batch."""
 
+import importlib
 import os
+import sys
 
 from millstream import Computation, Pipeline, Record, ScriptedInjector
 from millstream.spark.runner import SparkRunner
@@ -45,3 +47,52 @@ def test_setup_runs_once_per_worker_process_and_every_task_uses_a_set_up_instanc
         pids = [int(line) for line in log]
     assert len(pids) == len(set(pids)), f"setup() ran more than once in a process: {pids}"
     assert {r.value["pid"] for r in out} <= set(pids)  # records were handled by set-up instances
+
+
+USER_MODULES = {
+    # A helper module the computation's method calls through an import of its own.
+    "millstream_test_helpers": '''
+def doubled(n):
+    return 2 * n
+''',
+    # A base class in a second module, whose method uses the helper.
+    "millstream_test_base": '''
+import millstream_test_helpers
+from millstream import Computation, Record
+
+
+class Doubling(Computation):
+    def process_record(self, ctx, record):
+        ctx.produce(Record(ctx.key, millstream_test_helpers.doubled(record.value), record.timestamp), "out")
+''',
+    # The user's computation: a subclass, in a third module, calling a function imported by name.
+    "millstream_test_user": '''
+from millstream_test_base import Doubling
+from millstream_test_helpers import doubled
+
+
+class DoublingPlusOne(Doubling):
+    def process_timer(self, ctx, timer):
+        pass
+
+    def plus_one(self, n):
+        return doubled(n) + 1
+''',
+}
+
+
+def test_user_code_spread_over_modules_the_workers_cannot_import_runs(spark, tmp_path, monkeypatch):
+    """A computation whose class, base class and helpers live in the user's own modules, on a path
+    Spark's workers do not have (a notebook's or script's directory): all of it travels by value."""
+    for name, source in USER_MODULES.items():
+        (tmp_path / f"{name}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in USER_MODULES:
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    user = importlib.import_module("millstream_test_user")
+    steps = [([Record(f"k{k}", k, k) for k in range(KEYS)], 1_000)]
+    pipeline = (Pipeline("modules").add_injector("src", ScriptedInjector("src", steps), "in")
+                .add_computation("doubling", user.DoublingPlusOne(), ["in"], ["out"]))
+    runner = SparkRunner(pipeline, root=str(tmp_path / "root"), spark=spark)
+    runner.run(timeout=240)
+    assert sorted(r.value for r in runner.read_stream("out")) == [2 * k for k in range(KEYS)]
