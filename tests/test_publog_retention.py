@@ -41,3 +41,23 @@ def test_an_unpruned_log_reads_as_before(tmp_path):
     assert log.pruned() == (0, [])
     assert [p for p, _ in log.entries_after(-1, 2)] == [0, 1]
     assert [p for p, _ in log.entries_backwards(2)] == [2, 1, 0]
+
+
+def test_kept_streams_of_pruned_entries_read_before_the_retained_batches(tmp_path):
+    log = make_log(tmp_path, [CLAIM, BATCH, BATCH, BATCH, BATCH])
+    log.keep(2, {"type": BATCH, "n": 2, "streams": {"dead_letters": [["p2", 1]]}})
+    prune(log, 3)
+    assert [(p, e["n"]) for p, e in log.batches()] == [(2, 2), (3, 3), (4, 4)]
+    assert log.batches().__next__()[1]["streams"] == {"dead_letters": [["p2", 1]]}
+
+
+def test_an_entry_kept_and_not_deleted_yet_is_read_once(tmp_path):
+    """Retention keeps, marks, then deletes: a stop between any two of them reads each batch once,
+    whole if it was not marked yet, else as kept."""
+    log = make_log(tmp_path, [BATCH, BATCH, BATCH])
+    log.keep(0, {"type": BATCH, "n": "kept 0", "streams": {}})
+    assert [e["n"] for _, e in log.batches()] == [0, 1, 2]  # kept, not marked: the entry is whole
+    log.mark_pruned(1, [])
+    assert [e["n"] for _, e in log.batches()] == ["kept 0", 1, 2]  # marked, not deleted yet
+    log.delete(0)
+    assert [e["n"] for _, e in log.batches()] == ["kept 0", 1, 2]

@@ -31,6 +31,7 @@ from millstream.spark.storage import Storage
 BATCH = "batch"
 CLAIM = "claim"
 PRUNED_FILE = "PRUNED.json"
+KEPT_DIR = "kept"  # what retention keeps of the batch entries it deletes (PublicationLog.keep)
 
 
 class Fenced(RuntimeError):
@@ -103,6 +104,26 @@ class PublicationLog:
 
     def delete(self, position: int) -> None:
         self.storage.delete(self._name(position))
+
+    def keep(self, position: int, entry: dict[str, Any]) -> None:
+        """Keep a batch entry's streams that nobody reads (its dead letters, a side output) past the
+        entry: retention writes them here before it deletes the entry."""
+        self.storage.write_json(f"{KEPT_DIR}/{self._name(position)}", entry)
+
+    def batches(self) -> Iterator[tuple[int, dict[str, Any]]]:
+        """Every batch entry still readable, oldest first: those kept of pruned entries (`keep`: only
+        the streams nobody reads), then the retained ones."""
+        retained = self.entries_from(-1)
+        kept = {int(name.split(".")[0]): name for name in self.storage.list(KEPT_DIR)}
+        below, _ = self.pruned()
+        for position in sorted(kept):
+            if position < below:  # (a kept entry at or past the mark: retention stopped before deleting it)
+                entry = self.storage.read_json(f"{KEPT_DIR}/{kept[position]}")
+                if isinstance(entry, dict):
+                    yield position, entry
+        for position, entry in retained:
+            if entry["type"] == BATCH and (position >= below or position not in kept):
+                yield position, entry
 
     def last_batch(self) -> tuple[int, dict[str, Any] | None]:
         """The newest batch entry (and its position), if any."""

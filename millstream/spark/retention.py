@@ -9,9 +9,10 @@ Policy (`SparkRunner(retain_logs_s=...)`, default one hour; None keeps everythin
   2. it was published more than `retain_logs_s` ago, so a computation added to the running pipeline
      with `start="earliest"` finds at least that much history.
 - A log no computation or sink reads (a pipeline's final output, read with `read_stream`) is kept
-  whole. Retention goes by log, not by stream: an entry goes with every stream it holds, so a log
-  that is read loses, with it, the streams of it nobody reads (its dead letters, a side output).
-  Give a stream that must be kept a reader of its own (a sink).
+  whole, and so is a stream nobody reads in a log that is read (its dead letters, a side output):
+  before a batch entry goes, the files of such streams are written down apart
+  (`PublicationLog.keep`) and stay; `read_stream` reads them there. Only the files of streams that
+  are read go with the entry.
 - Claims stay (fencing and take-over look for the newest one); they are one small file per driver
   start. The newest batch entry stays too (a restart resumes from it).
 - Injector streams are not logged: their sources keep them. A DataFrame injector's staged batches
@@ -32,6 +33,7 @@ from typing import TYPE_CHECKING
 
 from millstream.core.plan import ComputationPlan
 from millstream.injectors.dataframe import DataFrameInjector
+from millstream.model.pipeline import DEAD_LETTERS
 from millstream.spark.commit import staged_paths
 from millstream.spark.publog import BATCH, CLAIM
 from millstream.spark.rootfiles import status_history
@@ -71,7 +73,7 @@ class LogRetention:
         for name, commit in list(commits.items()):
             read_up_to = self.read_up_to(name, pipeline, commits, sinks)
             if read_up_to is not None:
-                deleted += self._prune_log(commit, read_up_to, cutoff_ms)
+                deleted += self._prune_log(commit, read_up_to, cutoff_ms, unread_streams(pipeline, name))
         for name, node in pipeline.injectors.items():
             if isinstance(node.injector, DataFrameInjector) and node.injector.storage is not None:
                 read = self.staged_read_up_to(name, commits)
@@ -105,14 +107,14 @@ class LogRetention:
             for sender in senders:
                 item = (offset or {}).get("senders", {}).get(sender)
                 positions.append(item["position"] if item else -1)
-        node = pipeline.computations.get(producer)
-        outputs = set(node.outputs) if node is not None else set()
+        outputs = set(pipeline.outputs(producer)) if producer in pipeline.computations else set()
         for sink in pipeline.sinks.values():
             if sink.stream in outputs:
                 positions.append(sinks.delivered(sink.name, producer)[1] if sinks is not None else -1)
         return min(positions) if positions else None
 
-    def _prune_log(self, commit: "ComputationCommit", read_up_to: int, cutoff_ms: int) -> int:
+    def _prune_log(self, commit: "ComputationCommit", read_up_to: int, cutoff_ms: int,
+                   unread: frozenset[str] = frozenset()) -> int:
         log = commit.writer.log
         name = commit.plan.name
         # The newest batch stays: a restart finds the last published batch and its status there.
@@ -120,6 +122,7 @@ class LogRetention:
         read_up_to = min(read_up_to, newest - 1)
         below, claims = log.pruned()
         doomed: list[tuple[int, int]] = []  # (position, batch)
+        kept: dict[int, set[str]] = {}  # position -> the full paths of its files that stay
         position = below
         while position <= read_up_to:
             entry = log.read(position)
@@ -131,6 +134,11 @@ class LogRetention:
                 if entry["status"].get("wall_ms", 0) > cutoff_ms:
                     break
                 doomed.append((position, entry["batch"]))
+                streams = {stream: files for stream, files in entry["streams"].items()
+                           if stream in unread and any(rows for _, rows in files)}
+                if streams:  # kept apart before anything goes (read_stream reads it there)
+                    log.keep(position, {**entry, "streams": streams})
+                    kept[position] = {path for files in streams.values() for path, _ in files}
             position += 1
         if position == below:
             return 0
@@ -138,7 +146,7 @@ class LogRetention:
         members = [name, *(f.name for f in commit.fused)]
         last_batch = max((b for _, b in doomed), default=-1)
         for entry_position, batch in doomed:
-            self.storage.delete(f"streams/{name}/{batch:012d}")
+            self._delete_batch_files(f"streams/{name}/{batch:012d}", kept.get(entry_position, set()))
             for path in staged_paths(self.storage, name, batch):
                 self.storage.delete(path)
             for member in members:
@@ -146,6 +154,17 @@ class LogRetention:
             log.delete(entry_position)
         self._delete_sink_leftovers(name, last_batch)
         return len(doomed)
+
+    def _delete_batch_files(self, directory: str, keeping: set[str]) -> None:
+        """A batch's record files (every attempt's), except those `keeping` names (full paths)."""
+        if not keeping:
+            self.storage.delete(directory)
+            return
+        for attempt in self.storage.list(directory):
+            for file in self.storage.list(f"{directory}/{attempt}"):
+                path = f"{directory}/{attempt}/{file}"
+                if self.storage.full_path(path) not in keeping:
+                    self.storage.delete(path)
 
     def _delete_sink_leftovers(self, computation: str, up_to_batch: int) -> None:
         """Sink files staged by attempts Spark did not keep (kept attempts' files were moved)."""
@@ -155,6 +174,26 @@ class LogRetention:
                 match = pattern.match(name)
                 if match and int(match.group(1)) <= up_to_batch:
                     self.storage.delete(f"sinks/{sink}/staging/{name}")
+
+
+def unread_streams(pipeline: "Pipeline", producer: str) -> frozenset[str]:
+    """The streams of `producer`'s log that no computation and no sink reads: retention keeps them
+    (a log nobody reads at all is kept whole).
+
+    >>> from millstream import Computation, Pipeline, ScriptedInjector
+    >>> pipeline = (Pipeline("p").add_injector("src", ScriptedInjector("src", []), "in")
+    ...             .add_computation("a", Computation(), ["in"], ["main", "side"])
+    ...             .add_computation("b", Computation(), ["main"], ["out"]).add_sink("s", "out", "/tmp/out"))
+    >>> sorted(unread_streams(pipeline, "a")), sorted(unread_streams(pipeline, "b"))
+    (['dead_letters', 'side'], ['dead_letters'])
+    """
+    if producer not in pipeline.computations:
+        return frozenset()
+    read = {sink.stream for sink in pipeline.sinks.values()}
+    for name, node in pipeline.computations.items():
+        # A computation reading dead letters does not receive its own.
+        read.update(stream for stream in node.inputs if not (stream == DEAD_LETTERS and name == producer))
+    return frozenset(pipeline.outputs(producer)) - read
 
 
 def _log_senders(plan: ComputationPlan, producer: str) -> list[str]:

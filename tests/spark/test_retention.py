@@ -8,7 +8,7 @@ import sys
 
 from bucket_counter import BucketCounter, counted_windows
 
-from millstream import Computation, GeneratorInjector, Pipeline, Record
+from millstream import DEAD_LETTERS, Computation, GeneratorInjector, Pipeline, Record
 from millstream.spark.publog import PublicationLog
 from millstream.spark.runner import SparkRunner
 
@@ -96,6 +96,63 @@ def test_a_replay_after_a_kill_never_needs_what_retention_deleted(tmp_path):
     assert finished.returncode == 0, finished.stderr[-2000:]
     assert sink_windows(out) == expected_windows()
     assert PublicationLog(str(root), "windower").pruned()[0] > 5
+
+
+class PickyWindower(BucketCounter):
+    """BucketCounter that refuses every record whose value is a multiple of FAILING_EVERY (a dead
+    letter each) and copies every multiple of SIDE_EVERY to a side output nobody reads."""
+
+    def process_record(self, ctx, record):
+        if record.value % FAILING_EVERY == 0:
+            raise ValueError(f"refused {record.value}")
+        if record.value % SIDE_EVERY == 0:
+            ctx.produce(Record(record.key, record.value, record.timestamp), "side")
+        super().process_record(ctx, record)
+
+
+FAILING_EVERY, SIDE_EVERY = 97, 50
+
+
+def picky_pipeline(out, dead_letter_sink=None):
+    injector = GeneratorInjector(lambda i: Record(f"k{i % KEYS}", i, 7 * i), EVENTS, lambda n: 7 * n,
+                                 max_records_per_read=150)
+    pipeline = (Pipeline("retained").add_injector("src", injector, "in")
+                .add_computation("windower", PickyWindower(), ["in"], ["windows", "side"], on_error="dead_letter")
+                .add_computation("relay", Relay(), ["windows"], ["relayed"])
+                .add_sink("out", "relayed", str(out)))
+    if dead_letter_sink is not None:
+        pipeline.add_sink("failures", DEAD_LETTERS, str(dead_letter_sink))
+    return pipeline
+
+
+def test_streams_nobody_reads_outlive_the_entries_their_log_s_readers_passed(spark, tmp_path):
+    """The windower's log is read by relay, and pruned as relay goes on; its dead letters and its
+    side output have no reader: they are kept whole, readable with read_stream."""
+    root = tmp_path / "root"
+    runner = SparkRunner(picky_pipeline(tmp_path / "out"), root=str(root), spark=spark, retain_logs_s=0,
+                         max_records_per_batch=150)
+    runner.retention.every_s = 0
+    runner.run(progress_interval=0.2, timeout=300)
+    windower = PublicationLog(str(root), "windower")
+    assert windower.pruned()[0] > 5, "the windower's log, read by relay, was pruned"
+    refused = sorted(i for i in range(EVENTS) if i % FAILING_EVERY == 0)
+    assert sorted(letter.value["value"] for letter in runner.read_stream(DEAD_LETTERS)) == refused
+    assert sorted(r.value for r in runner.read_stream("side")) == \
+        [i for i in range(EVENTS) if i % SIDE_EVERY == 0 and i % FAILING_EVERY != 0]
+    # What relay read is gone with the entries: the windows' files of pruned batches.
+    assert len(runner.read_stream("windows")) < len(expected_windows())
+
+
+def test_a_dead_letter_sink_holds_back_retention_until_it_delivered(spark, tmp_path):
+    root = tmp_path / "root"
+    runner = SparkRunner(picky_pipeline(tmp_path / "out", tmp_path / "failures"), root=str(root), spark=spark,
+                         retain_logs_s=0, max_records_per_batch=150)
+    runner.retention.every_s = 0
+    runner.run(progress_interval=0.2, timeout=300)
+    letters = [json.loads(line) for name in sorted(os.listdir(tmp_path / "failures"))
+               for line in open(tmp_path / "failures" / name) if line.strip()]
+    assert sorted(letter["value"]["value"] for letter in letters) == \
+        [i for i in range(EVENTS) if i % FAILING_EVERY == 0]
 
 
 def test_without_retention_nothing_is_pruned(spark, tmp_path):
