@@ -9,6 +9,7 @@ import time
 from collections import Counter
 
 import pandas as pd
+import pytest
 
 from millstream import GeneratorInjector, Pipeline, Record
 from millstream.spark import statestore
@@ -99,7 +100,9 @@ def test_a_root_keeps_the_labels_its_state_was_written_under(spark, tmp_path):
     chosen = labels_of(root)
     assert chosen == list(GroupLabels.aligned(KEY_GROUPS).labels) != list(range(KEY_GROUPS))
     resumed = SparkRunner(pipeline(), root=root, spark=spark, key_groups=KEY_GROUPS, parallelism=3)
-    resumed.start()
+    with pytest.warns(UserWarning, match=r"'windower' keeps its state in 2 partitions .* parallelism=3 does not "
+                                         r"apply to it: .*millstream rescale .* --parallelism 3"):
+        resumed.start()  # the root's 2, said so
     assert stopped[0] not in statestore.stopped_namespaces()
     resumed.run(timeout=300)
     assert labels_of(root) == chosen
