@@ -257,8 +257,11 @@ class SparkRunner:
             raise
         self.sinks = SinkDelivery(self.root, sink_deliverers(spark, self.root, self.pipeline, set(self.commits)))
         self.publisher = Publisher(self.root, self.commits, self.sinks)
-        self.publisher.catch_up()
+        # Sinks first: a sink takes its batches in the order they are queued and skips any batch at or
+        # below the last one it recorded, so what the publisher's catch-up publishes (a batch Spark
+        # committed before a crash) goes after the published batches a sink has yet to receive.
         self.sinks.catch_up()
+        self.publisher.catch_up()
         self.sinks.start()
         self.publisher.start()
         self._ensure_listener()

@@ -3,13 +3,16 @@
 batch once again after a redelivery (a driver that died after a sink took a batch and before its
 progress was recorded) without holding anything twice. Table sinks also go on after a restart whose
 catalog forgot them, or after a first delivery that died leaving only Spark's temporary files, and a
-table delivery replaces its own batch alone, whatever the session's overwrite mode. The expected windows are counted apart (bucket_counter.counted_windows)."""
+table delivery replaces its own batch alone, whatever the session's overwrite mode. A sink batches
+behind its computation receives every batch after a restart that publishes what Spark committed
+before the crash. The expected windows are counted apart (bucket_counter.counted_windows)."""
 
 import json
 import os
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 from bucket_counter import BucketCounter, counted_windows
@@ -255,7 +258,53 @@ def test_table_sinks_go_on_after_a_restart_whose_catalog_forgot_them(spark, tmp_
         assert windows(spark.read.parquet(str(location)).collect()) == expected_windows(), location
 
 
-if __name__ == "__main__":  # the driver process of the restart test
+class StallingWriter(FilePerBatch):
+    """FilePerBatch that, while MILLSTREAM_TEST_STALL_SINK is set, never returns from batch 1 on: a
+    sink slower than its computation, which goes on committing batches."""
+
+    def __call__(self, frame, batch_id):
+        if os.environ.get("MILLSTREAM_TEST_STALL_SINK") and batch_id >= 1:
+            time.sleep(600)  # the driver is killed meanwhile
+        super().__call__(frame, batch_id)
+
+
+def writer_pipeline(base):
+    injector = GeneratorInjector(lambda i: Record(f"k{i % KEYS}", i, 7 * i), EVENTS, lambda n: 7 * n,
+                                 max_records_per_read=250)
+    return (Pipeline("lagging").add_injector("src", injector, "in")
+            .add_computation("windower", BucketCounter(), ["in"], ["windows"])
+            .add_sink("mine", "windows", writer=StallingWriter(f"{base}/writer")))
+
+
+def test_a_sink_behind_its_computation_gets_every_batch_after_a_restart_that_publishes_first(tmp_path):
+    """A driver killed after Spark committed a batch and before millstream published it, while a sink
+    was batches behind: the restart publishes that batch, and the sink must still receive the ones
+    before it, in order. Publishing first queued the newest batch ahead of the sink's catch-up: the
+    sink took it, recorded it as delivered, and skipped the older ones as delivered already."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join((os.path.dirname(os.path.dirname(here)),
+                                                         os.path.dirname(here)))}
+    command = [sys.executable, os.path.abspath(__file__), str(tmp_path), "writer"]
+    # Spark's 4th commit is batch 3; the sink stalls in batch 1, so batches 1 and 2 are published, not delivered.
+    killed = subprocess.run(command, env={**env, "MILLSTREAM_KILL_AT": "committed@windower:4",
+                                          "MILLSTREAM_TEST_STALL_SINK": "1"},
+                            start_new_session=True, capture_output=True, text=True, timeout=600)
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    env.pop("MILLSTREAM_KILL_AT", None)
+    env.pop("MILLSTREAM_TEST_STALL_SINK", None)
+    finished = subprocess.run(command, env=env, start_new_session=True, capture_output=True, text=True,
+                              timeout=600)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    written = tmp_path / "writer"
+    rows = [row for name in sorted(os.listdir(written)) for row in json.load(open(written / name))]
+    assert windows(rows) == expected_windows(), sorted(os.listdir(written))
+
+
+if __name__ == "__main__":  # the driver process of the restart tests
     base = sys.argv[1]
-    SparkRunner(table_pipeline(base), root=f"{base}/root", master="local[2]", max_records_per_batch=250,
-                spark_conf={"spark.sql.warehouse.dir": f"{base}/warehouse"}).run(timeout=500)
+    if sys.argv[2:] == ["writer"]:
+        SparkRunner(writer_pipeline(base), root=f"{base}/root", master="local[2]", max_records_per_batch=250,
+                    spark_conf={"spark.sql.warehouse.dir": f"{base}/warehouse"}).run(timeout=500)
+    else:
+        SparkRunner(table_pipeline(base), root=f"{base}/root", master="local[2]", max_records_per_batch=250,
+                    spark_conf={"spark.sql.warehouse.dir": f"{base}/warehouse"}).run(timeout=500)
