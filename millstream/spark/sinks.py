@@ -113,18 +113,31 @@ class SinkDelivery:
             if item is None:
                 return
             producer, position, entry = item
+            failing = entry
             try:
-                if entry["batch"] <= self.delivered(sink, producer)[0]:
+                last, at = self.delivered(sink, producer)
+                if entry["batch"] <= last:
                     continue
-                deliver(producer, entry["batch"], entry)
-                faults.reached("delivered", producer)
-                self.storage.write_json(self.progress_file(sink, producer),
-                                        {"batch": entry["batch"], "position": position})
+                # Published batches before this one that the sink has not received go first, in order:
+                # recording this one would mark them delivered, whatever order they were queued in.
+                for earlier_position, earlier in PublicationLog(self.root, producer).entries_from(at):
+                    if earlier_position >= position:
+                        break
+                    if earlier["type"] == BATCH and earlier["batch"] > last:
+                        failing = earlier
+                        self._deliver(sink, deliver, producer, earlier_position, earlier)
+                failing = entry
+                self._deliver(sink, deliver, producer, position, entry)
             except BaseException as error:
-                self.failure = RuntimeError(f"sink {sink!r} failed on batch {entry['batch']} of {producer!r}: "
+                self.failure = RuntimeError(f"sink {sink!r} failed on batch {failing['batch']} of {producer!r}: "
                                             f"{failure_reason(error)}")
                 self.failure.__cause__ = error
                 return
+
+    def _deliver(self, sink: str, deliver: SinkFunction, producer: str, position: int, entry: dict[str, Any]) -> None:
+        deliver(producer, entry["batch"], entry)
+        faults.reached("delivered", producer)
+        self.storage.write_json(self.progress_file(sink, producer), {"batch": entry["batch"], "position": position})
 
 
 def deliver_file_sink(root: str, node: SinkNode, producer: str, batch: int, entry: dict[str, Any],
