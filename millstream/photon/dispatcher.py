@@ -319,7 +319,10 @@ class Dispatcher(Computation):
                 else:
                     setattr(stats, status.value, getattr(stats, status.value) + 1)
                     entry["reason"] = status.value
-                    if ctx.wall_time - entry["first_seen"] >= self.retry.unjoinable_after_ms:
+                    # Never given up while the registry is what failed: the query was found, and the
+                    # commit that would register the click unjoinable could as well register its join.
+                    if status is not JoinStatus.REGISTRY_UNAVAILABLE and \
+                            ctx.wall_time - entry["first_seen"] >= self.retry.unjoinable_after_ms:
                         give_up.append(entry)
                     else:
                         self._schedule(pending, entry, ctx.wall_time, stats)

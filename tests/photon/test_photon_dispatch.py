@@ -12,6 +12,8 @@ import os
 
 from millstream.photon import EventReader, RetryPolicy, open_registry, primary_key
 from millstream.photon.eventstore import LogEventStore
+from millstream.photon.faults import PhotonFaults
+from millstream.photon.registry import ForwardingRegistry, RegistryError
 from millstream.photon.joiner import dispatch_token
 from photon_pipelines import T0, HarnessPhoton, click, query
 
@@ -173,3 +175,50 @@ def test_event_readers_taking_turns_in_two_processes_keep_the_log_findable(tmp_p
     assert all(store.lookup(q.key) == q.value for q in queries)
     assert store.stats().bytes_scanned < 300 * 300 * 60 / 4  # bounded scans, not the whole log each time
 
+
+
+class _Outage(ForwardingRegistry):
+    """A registry that is down (every lookup and commit fails) while `failures_left` > 0: each failed
+    commit counts one down; the server is back after the last."""
+
+    failures_left = 0
+
+    def __init__(self, backend) -> None:
+        self.backend = backend
+
+    def lookup(self, ids):
+        if _Outage.failures_left > 0:
+            raise RegistryError("registry down")
+        return self.backend.lookup(ids)
+
+    def commit_each(self, claims):
+        if _Outage.failures_left > 0:
+            _Outage.failures_left -= 1
+            raise RegistryError("registry down")
+        return self.backend.commit_each(claims)
+
+
+class _OutageFaults(PhotonFaults):
+    def wrap(self, registry):
+        return _Outage(registry)
+
+
+def test_a_click_whose_query_was_found_is_joined_after_an_outage_longer_than_the_deadline(tmp_path):
+    """The registry is down past the clicks' deadline and comes back during a join commit's retries:
+    the join commits then, or later; the click is never given up as unjoinable while its query is
+    there (giving up is a registry commit too, which could just as well have registered the join)."""
+    retry = RetryPolicy(first_retry_ms=500, max_retry_ms=2_000, unjoinable_after_ms=5_000)
+    photon = HarnessPhoton(str(tmp_path), "photon-a", registry_url(tmp_path), retry=retry, shards=1,
+                           faults=_OutageFaults())
+    queries = [query(n, T0 - 5_000 + 10 * n) for n in range(10)]
+    photon.feed("queries", queries)
+    _Outage.failures_left = 10 ** 9
+    photon.feed("clicks", [click(f"c-{n}", queries[n], T0 + n) for n in range(10)])
+    for moment in range(T0 + 500, T0 + 6_000, 500):  # past the deadline, still down
+        photon.at(moment)
+    assert not photon.joined() and not photon.unjoinable() and len(photon.pending()) == 10
+    _Outage.failures_left = 4  # back during the next step's join commit, after its first tries
+    for moment in range(T0 + 6_500, T0 + 15_000, 500):
+        photon.at(moment)
+    assert sorted(photon.joined()) == sorted(f"c-{n}" for n in range(10)) and photon.unjoinable() == {}
+    assert not photon.pending()
