@@ -42,6 +42,7 @@ from typing import Any, Iterable, Mapping
 
 import xxhash
 
+from millstream.core.deadletters import describe_error
 from millstream.model.computation import Computation, ComputationInfo, Context
 from millstream.model.records import Record, TimeDomain, Timer
 from millstream.model.state import MapState
@@ -58,6 +59,9 @@ UNJOINABLE = "unjoinable"
 STATS = "photon_stats"
 RETRY_TIMER = "retry"
 EXPIRED_REASON = "expired"
+# The reason of a click the adapter could not read (`query_id_of_click` raised), with its error:
+# decided unjoinable at once, through the registry like any other, so one pipeline reports it.
+MALFORMED_REASON = "malformed"
 
 
 @dataclass(frozen=True)
@@ -110,6 +114,7 @@ class DispatchStats:
     not_found: int = 0
     overloaded: int = 0
     registry_unavailable: int = 0
+    malformed: int = 0  # clicks the adapter could not read (no query id): decided unjoinable
     retries: int = 0  # retries scheduled
     unjoinable: int = 0
     decided_elsewhere: int = 0  # given up here, but another pipeline decided the click first
@@ -266,10 +271,15 @@ class Dispatcher(Computation):
             if click_id in fresh or pending.contains(click_id):
                 stats.duplicates += 1
                 continue
+            try:
+                query_id, reason = self.adapter.query_id_of_click(record), None
+            except Exception as error:  # one bad click must not stop every pipeline reading the log
+                query_id, reason = None, f"{MALFORMED_REASON}: {describe_error(error)}"
+                stats.malformed += 1
             fresh[click_id] = {"click_id": click_id, "record_id": record.id, "key": record.key,
-                               "click": record.value, "ts": record.timestamp,
-                               "query_id": self.adapter.query_id_of_click(record), "first_seen": ctx.wall_time,
-                               "attempts": 0, "next_try": ctx.wall_time, "reason": None}
+                               "click": record.value, "ts": record.timestamp, "query_id": query_id,
+                               "first_seen": ctx.wall_time, "attempts": 0, "next_try": ctx.wall_time,
+                               "reason": reason}
         self._attempt(ctx, list(fresh.values()), stats)
 
     def process_timer(self, ctx: Context, timer: Timer) -> None:
@@ -279,7 +289,7 @@ class Dispatcher(Computation):
     # -- one round of attempts ------------------------------------------------------------------
     def _attempt(self, ctx: Context, entries: list[dict[str, Any]], stats: DispatchStats) -> None:
         pending = ctx.state(self.pending)
-        to_join = []
+        to_join, give_up = [], []
         answers = self._lookup(entries, stats)
         for entry in entries:
             answer = answers.get(entry["click_id"])
@@ -290,9 +300,10 @@ class Dispatcher(Computation):
                     answer.token, self.owner, entry["record_id"]):
                 stats.skipped += 1
                 pending.remove(entry["click_id"])
+            elif entry["query_id"] is None:  # the adapter could not read it: there is nothing to join
+                give_up.append(entry)
             else:
                 to_join.append(entry)
-        give_up = []
         if to_join:
             requests = [self._request(entry, entry["attempts"] + 1) for entry in to_join]
             stats.dispatched += len(requests)

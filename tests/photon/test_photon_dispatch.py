@@ -14,6 +14,7 @@ from millstream.photon import EventReader, RetryPolicy, open_registry, primary_k
 from millstream.photon.eventstore import LogEventStore
 from millstream.photon.faults import PhotonFaults
 from millstream.photon.registry import ForwardingRegistry, RegistryError
+from millstream import Record
 from millstream.photon.joiner import dispatch_token
 from photon_pipelines import T0, HarnessPhoton, click, query
 
@@ -222,3 +223,21 @@ def test_a_click_whose_query_was_found_is_joined_after_an_outage_longer_than_the
         photon.at(moment)
     assert sorted(photon.joined()) == sorted(f"c-{n}" for n in range(10)) and photon.unjoinable() == {}
     assert not photon.pending()
+
+
+def test_a_click_the_adapter_cannot_read_is_reported_unjoinable_once_and_the_others_join(tmp_path):
+    """A click record without the adapter's query-id field stopped the dispatcher, on every restart
+    and in every redundant pipeline (they read the same log): it is decided unjoinable instead, once
+    across pipelines, with the adapter's error as its reason."""
+    url = registry_url(tmp_path)
+    a = HarnessPhoton(str(tmp_path / "a"), "photon-a", url, shards=1)
+    b = HarnessPhoton(str(tmp_path / "b"), "photon-b", url, shards=1)
+    queries = [query(n, T0 - 5_000 + 10 * n) for n in range(5)]
+    clicks = [click(f"c-{n}", queries[n], T0 + n) for n in range(5)]
+    clicks.insert(2, Record("c-bad", {"ad": "ad-x"}, T0, "rec-bad"))  # no "query_id"
+    for photon in (a, b):
+        photon.feed("queries", queries)
+        photon.feed("clicks", clicks)
+    assert sorted([*a.joined(), *b.joined()]) == [f"c-{n}" for n in range(5)]
+    reasons = [*a.unjoinable().items(), *b.unjoinable().items()]
+    assert len(reasons) == 1 and reasons[0][0] == "c-bad" and reasons[0][1].startswith("malformed: KeyError")
