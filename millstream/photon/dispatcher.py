@@ -227,6 +227,9 @@ class Dispatcher(Computation):
                  faults: PhotonFaults | None = None) -> None:
         if not owner or "/" in owner:
             raise ValueError("owner must be a non-empty name without '/'")
+        if max_outstanding < 1 or max_disorder_ms < 0:  # refused here, not in setup() inside a Spark task
+            raise ValueError(f"max_outstanding must be at least 1 and max_disorder_ms at least 0, got "
+                             f"{max_outstanding} and {max_disorder_ms}")
         self.owner = owner
         self.registry = registry
         self.event_store_dir = event_store_dir

@@ -40,11 +40,22 @@ def load_adapter(path: str) -> JoinAdapter:
     >>> type(load_adapter("millstream.photon.adapter:JoinAdapter")).__name__
     'JoinAdapter'
     """
-    module_name, _, class_name = path.partition(":")
-    adapter = getattr(importlib.import_module(module_name), class_name)()
+    module_name, _, class_name = _adapter_parts(path)
+    try:
+        kind = getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError) as error:
+        raise ValueError(f"adapter {path!r}: {error}") from None
+    adapter = kind()
     if not isinstance(adapter, JoinAdapter):
         raise TypeError(f"{path} is not a millstream.photon.JoinAdapter")
     return adapter
+
+
+def _adapter_parts(path: str) -> tuple[str, str, str]:
+    module_name, colon, class_name = path.partition(":")
+    if not (module_name and colon and class_name):
+        raise ValueError(f"adapter must be 'module:Class', got {path!r}")
+    return module_name, colon, class_name
 
 
 @dataclass(frozen=True)
@@ -83,6 +94,17 @@ class PhotonPipelineSpec:
     key_groups: int = 8
     trigger_ms: int = 200
     faults: PhotonFaults = field(default_factory=PhotonFaults)
+
+    def __post_init__(self) -> None:
+        # Refused here, where the user wrote it: not inside a Spark task (the dispatcher's setup).
+        if not isinstance(self.owner, str) or not self.owner or "/" in self.owner:
+            raise ValueError(f"owner must be a non-empty string without '/', got {self.owner!r}")
+        for name, least in (("dispatch_shards", 1), ("max_outstanding", 1), ("key_groups", 1),
+                            ("max_disorder_ms", 0), ("trigger_ms", 0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"{name} must be at least {least}, got {value!r}")
+        _adapter_parts(self.adapter)
 
     @property
     def layout(self) -> PipelineLayout:

@@ -45,6 +45,12 @@ class SqliteRegistry(ShardedSqlRegistry):
         if synchronous.upper() not in _SYNCHRONOUS_LEVELS:
             raise ValueError(f"synchronous must be one of {_SYNCHRONOUS_LEVELS}")
         self.path = os.fspath(path)
+        if self.path in ("", ":memory:") or self.path.startswith("file::memory:"):
+            raise ValueError(f"a SQLite registry needs the path of a file every pipeline opens, got {self.path!r}: "
+                             "sqlite gives each connection of an empty path or :memory: a database of its own")
+        directory = os.path.dirname(os.path.abspath(self.path))
+        if not os.path.isdir(directory):
+            raise ValueError(f"SQLite registry {self.path!r}: its directory {directory!r} does not exist")
         self._busy_timeout_s = busy_timeout_s
         self._synchronous = synchronous.upper()
         self._config_cache: dict[str, ShardingConfig] = {}
