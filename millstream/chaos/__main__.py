@@ -1,7 +1,8 @@
 """`python -m millstream.chaos`: kill a running pipeline again and again, then check its output.
 
 Runs the chaos pipeline (pipeline.py: two senders into an order-sensitive ledger, a computation that is
-not deterministic, wall-time and low-watermark timers, JSON-lines sinks) on local Spark and SIGKILLs
+not deterministic, wall-time and low-watermark timers, JSON-lines sinks, one of them a user's writer
+that falls batches behind) on local Spark and SIGKILLs
 the driver's whole process group (driver, JVM, Python workers) `--kills` times: some at random
 moments, the others exactly between two commits (after a batch is staged and before Spark commits it,
 after Spark's commit and before the publication, after the publication and before the sinks, after a

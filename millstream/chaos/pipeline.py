@@ -1,7 +1,7 @@
 """The pipeline the chaos command kills again and again, and its independent ground truth.
 
     deposits (2 partitions) --\\
-                               +--> ledger --entries--> lottery --draws--> sink (JSON lines)
+                               +--> ledger --entries--> lottery --draws--> sinks (JSON lines; a slow writer)
     withdrawals (2 partitions)-/        |                   \\
                                         +--totals           +--> auditor (wall-time timers) --flushes--> sink
 
@@ -19,7 +19,10 @@ The ground truth is computed in plain Python from the generator's records, apart
 
 from __future__ import annotations
 
+import json
+import os
 import random
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -141,6 +144,27 @@ class Auditor(Computation):
         ctx.produce(Record(ctx.key, {"flush": flushes.get(), "count": count}, stamp), "flushes")
 
 
+class SlowBatchFiles:
+    """A user's writer sink that falls behind: one JSON-lines file of ids per (producer, batch),
+    replaced whole on a redelivery, after a pause every `every` batches, so that published batches
+    queue up behind it and a kill often finds it batches behind (a restart must then deliver every
+    one of them, in order, before anything newer)."""
+
+    def __init__(self, directory: str, pause_s: float = 2.0, every: int = 4) -> None:
+        self.directory, self.pause_s, self.every = directory, pause_s, every
+
+    def __call__(self, frame: Any, batch_id: int) -> None:
+        if batch_id % self.every == 0:
+            time.sleep(self.pause_s)
+        rows = frame.select("producer", "id").collect()
+        os.makedirs(self.directory, exist_ok=True)
+        for producer in {row["producer"] for row in rows}:
+            path = os.path.join(self.directory, f"{producer}-{batch_id:06d}.jsonl")
+            with open(f"{path}.partial", "w") as out:
+                out.writelines(json.dumps({"id": row["id"]}) + "\n" for row in rows if row["producer"] == producer)
+            os.replace(f"{path}.partial", path)
+
+
 def build_pipeline(spec: ChaosSpec, sink_dir: str, lottery_exactly_once: bool = True) -> Pipeline:
     """`lottery_exactly_once=False` shows what the protocol prevents: the lottery then publishes the
     first attempt of a batch while Spark keeps the state of the last one."""
@@ -153,6 +177,7 @@ def build_pipeline(spec: ChaosSpec, sink_dir: str, lottery_exactly_once: bool = 
         .add_computation("auditor", Auditor(), ["draws"], ["flushes"])
         .add_sink("draws_out", "draws", f"{sink_dir}/draws", format="jsonl")
         .add_sink("flushes_out", "flushes", f"{sink_dir}/flushes", format="jsonl")
+        .add_sink("draws_slow", "draws", writer=SlowBatchFiles(f"{sink_dir}/draws_slow"))
     )
 
 

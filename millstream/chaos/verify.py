@@ -166,7 +166,8 @@ def verify(spec: ChaosSpec, root: str) -> list[Check]:
                             f"(a hold not kept), e.g. {late[0]}")
     checks.append(check)
 
-    for stream, sink, records in (("draws", "draws", draws), ("flushes", "flushes", flushes)):
+    for stream, sink, records in (("draws", "draws", draws), ("flushes", "flushes", flushes),
+                                  ("draws", "draws_slow", draws)):
         check = Check(f"sink {sink}/ (JSON lines) against the published {stream}")
         lines = Counter(line["id"] for line in sink_lines(os.path.join(root, "sinks", sink)))
         ids = Counter(r["id"] for r in records)
