@@ -2,7 +2,8 @@
 
 Runs `millstream.photon.pipeline.run_pipeline` on the spec (see PhotonPipelineSpec) until its logs are
 finished. Exit codes: 0 finished; 1 the pipeline failed (one line on stderr, the details in its logs);
-3 refused because the verifier retired its owner name.
+3 refused because the verifier retired its owner name (at start, or while running: the registry refused
+a commit).
 
 A fault `die_after_commit` or `die_when` in the spec kills this driver's process group (driver and JVM) and the
 Spark worker's own: start the driver in a process group of its own (`start_new_session=True`).
@@ -23,6 +24,23 @@ EXIT_FAILED = 1
 EXIT_RETIRED = 3
 
 
+def stopped_by_retirement(error: BaseException) -> bool:
+    """Whether a run failed because the registry refused a retired owner's commit. The step's failure
+    wraps OwnerRetired (as a cause, or only as text when it crossed Spark's JVM), so both are checked.
+
+    >>> stopped_by_retirement(RuntimeError("...millstream.photon.registry.OwnerRetired: pipeline owner 'a'..."))
+    True
+    """
+    seen: list[BaseException] = []
+    current: BaseException | None = error
+    while current is not None and not any(current is earlier for earlier in seen):
+        if isinstance(current, OwnerRetired) or f"{OwnerRetired.__module__}.{OwnerRetired.__name__}" in str(current):
+            return True
+        seen.append(current)
+        current = current.__cause__ or current.__context__
+    return False
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m millstream.photon.driver", description=__doc__.split("\n\n")[0])
     parser.add_argument("spec", help="the pipeline's spec (JSON)")
@@ -39,6 +57,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except Exception as error:
+        if stopped_by_retirement(error):  # fenced while running: the registry refused a commit
+            traceback.print_exc()
+            print(f"photon driver {spec.owner}: the verifier retired this owner while it ran; the registry "
+                  "refused its commits (start it under a new owner name with a new root)", file=sys.stderr)
+            return EXIT_RETIRED
         traceback.print_exc()  # the driver's stderr is its log; the last line says it in one line
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         print(f"photon driver {spec.owner}: failed: {first}", file=sys.stderr)

@@ -5,12 +5,20 @@ pipeline may still be about to publish the joined event. Each pipeline's driver 
 heartbeat for its owner name (its tokens' owner) every second (`OwnerHeartbeat`); an owner whose
 last heartbeat is older than the verifier's timeout is presumed gone.
 
+Heartbeats are stamped with the registry's own clock (`IdRegistry.now_ms`: the database's) and the
+verifier measures silence with that same clock, so a skewed clock on a pipeline's or the verifier's
+machine cannot make a live owner look gone.
+
 Presumed is not enough on its own: a pipeline restarted on its old root publishes the micro-batches
 Spark had committed before the crash, and those may hold joins of the ids the verifier deleted. So
 the verifier *retires* an owner before touching its ids, and a pipeline refuses to start under a
-retired owner name (`check_not_retired`): it must start again under a new name, on a new root. The
-retirement mark is a row of the registry's owners table named `retired:<owner>` (its time is when it
-was retired), so every backend has it without a schema change.
+retired owner name (`check_not_retired`): it must start again under a new name, on a new root. A
+pipeline that is still running when its owner is retired (it was silent for the timeout, yet not
+dead: a stalled process, a partition from the registry) is fenced: the registry refuses its next
+commit with OwnerRetired, which stops it. What it had registered before the retirement and publishes
+afterwards can still be joined twice: that window is documented in docs/photon.md. The retirement
+mark is a row of the registry's owners table named `retired:<owner>` (its time is when it was
+retired), so every backend has it without a schema change.
 """
 
 from __future__ import annotations
@@ -18,19 +26,16 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable
 
-from millstream.photon.clock import wall_clock_ms
-from millstream.photon.registry import IdRegistry
+from millstream.photon.registry import RETIRED_PREFIX, IdRegistry, OwnerRetired
 
-RETIRED_PREFIX = "retired:"
-
-
-class OwnerRetired(RuntimeError):
-    """The pipeline's owner name was retired by the verifier; start it under a new name and root."""
+__all__ = ["RETIRED_PREFIX", "OwnerHeartbeat", "OwnerRetired", "check_not_retired", "is_gone", "retire_owner",
+           "retired_at"]
 
 
 def retire_owner(registry: IdRegistry, owner: str) -> None:
-    """Mark `owner` as gone for good (idempotent: the mark's time moves, its meaning does not)."""
-    registry.heartbeat(RETIRED_PREFIX + owner)
+    """Mark `owner` as gone for good (idempotent: the mark's time moves, its meaning does not); the
+    registry refuses the owner's commits from then on."""
+    registry.retire(owner)
 
 
 def retired_at(registry: IdRegistry, owner: str) -> int | None:
@@ -57,7 +62,8 @@ def check_not_retired(registry: IdRegistry, owner: str) -> None:
 
 
 def is_gone(registry: IdRegistry, owner: str, timeout_ms: int, now_ms: int | None = None) -> bool:
-    """True if `owner` never sent a heartbeat, sent none for `timeout_ms`, or was retired.
+    """True if `owner` never sent a heartbeat, sent none for `timeout_ms`, or was retired. `now_ms`
+    must be on the registry's clock (the default reads it: `registry.now_ms()`).
 
     >>> import tempfile, os
     >>> from millstream.photon import open_registry
@@ -70,7 +76,7 @@ def is_gone(registry: IdRegistry, owner: str, timeout_ms: int, now_ms: int | Non
     if retired_at(registry, owner) is not None:
         return True
     last_seen = registry.owner_last_seen(owner)
-    now_ms = wall_clock_ms() if now_ms is None else now_ms
+    now_ms = registry.now_ms() if now_ms is None else now_ms
     return last_seen is None or now_ms - last_seen > timeout_ms
 
 

@@ -247,3 +247,9 @@ class _PostgresTransaction(ShardTransaction):
     def owner_last_seen(self, owner: str) -> int | None:
         row = self.execute(f'SELECT last_seen_ms FROM "{self._ns}_owners" WHERE owner = %s', (owner,)).fetchone()
         return None if row is None else int(row[0])
+
+    def now_ms(self) -> int:
+        # The server's clock (clock_timestamp: the moment of the call, not the transaction's start).
+        row = self.execute("SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint").fetchone()
+        assert row is not None  # a SELECT without FROM returns one row
+        return int(row[0])

@@ -18,6 +18,18 @@ from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
 from millstream.model.records import BEGINNING_OF_TIME
+from millstream.photon.clock import wall_clock_ms
+
+RETIRED_PREFIX = "retired:"
+"""The owners-table row `retired:<owner>` marks `owner` as retired (see liveness.py)."""
+
+
+class OwnerRetired(RuntimeError):
+    """The pipeline's owner name was retired by the verifier; start it under a new name and root.
+
+    Not a RegistryError on purpose: the joiner retries registry failures, and this must stop the
+    pipeline instead (a retired owner's click ids may already have been re-injected)."""
+
 
 class RegistryError(Exception):
     """A registry operation failed; nothing in the message reveals credentials."""
@@ -271,7 +283,8 @@ class IdRegistry(abc.ABC):
         """Register the claims in one transaction; the outcome of each claim, in order.
 
         Inside the batch the first claim on an id wins: the same id twice with two tokens gives
-        COMMITTED then ALREADY_JOINED; twice with the same token, COMMITTED twice.
+        COMMITTED then ALREADY_JOINED; twice with the same token, COMMITTED twice. Raises OwnerRetired
+        (refusing the whole batch) if the owner of any claim was retired (`retire`).
         """
 
     def commit(self, claims: Iterable[Claim]) -> dict[str, CommitOutcome]:
@@ -297,7 +310,18 @@ class IdRegistry(abc.ABC):
 
     @abc.abstractmethod
     def owner_last_seen(self, owner: str) -> int | None:
-        """When `owner` last sent a heartbeat (ms), or None if never."""
+        """When `owner` last sent a heartbeat (ms, on the registry's clock: see `now_ms`), or None if never."""
+
+    def now_ms(self) -> int:
+        """The registry's own clock (ms): heartbeats are stamped with it and the verifier measures
+        silence with it, so the clocks of the machines running pipelines and verifier do not matter.
+        SQL backends read the database's clock; this default is the local wall clock."""
+        return wall_clock_ms()
+
+    def retire(self, owner: str) -> None:
+        """Mark `owner` as retired for good: from then on `commit_each` refuses its claims with
+        OwnerRetired (backends check the mark inside the commit's transaction)."""
+        self.heartbeat(RETIRED_PREFIX + owner)
 
     @abc.abstractmethod
     def reshard(self, shard_count: int, safety_margin_ms: int) -> ShardingEntry:
@@ -351,6 +375,12 @@ class ForwardingRegistry(IdRegistry):
 
     def owner_last_seen(self, owner: str) -> int | None:
         return self.backend.owner_last_seen(owner)
+
+    def now_ms(self) -> int:
+        return self.backend.now_ms()
+
+    def retire(self, owner: str) -> None:
+        self.backend.retire(owner)
 
     def reshard(self, shard_count: int, safety_margin_ms: int) -> ShardingEntry:
         return self.backend.reshard(shard_count, safety_margin_ms)

@@ -23,9 +23,9 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Callable, Generic, Mapping, Sequence, TypeVar
 
-from millstream.photon.clock import Clock, wall_clock_ms
-from millstream.photon.registry import (Claim, CommitOutcome, DeleteStatus, GcResult, IdRegistry,
-                                        LookupResult, RegistryError, ReshardRefused, ShardingConfig,
+from millstream.photon.clock import Clock
+from millstream.photon.registry import (RETIRED_PREFIX, Claim, CommitOutcome, DeleteStatus, GcResult, IdRegistry,
+                                        LookupResult, OwnerRetired, RegistryError, ReshardRefused, ShardingConfig,
                                         ShardingEntry, Token, first_live_claims, next_sharding_entry,
                                         resolve_batch)
 
@@ -88,6 +88,10 @@ class ShardTransaction(abc.ABC):
 
     @abc.abstractmethod
     def owner_last_seen(self, owner: str) -> int | None: ...
+
+    @abc.abstractmethod
+    def now_ms(self) -> int:
+        """The database's own clock (ms since the epoch)."""
 
 
 class _ConnectionHolder(Generic[C]):
@@ -168,7 +172,11 @@ class ShardedSqlRegistry(IdRegistry):
     retry_attempts = 5
 
     def __init__(self, clock: Clock | None = None) -> None:
-        self._clock: Clock = clock or wall_clock_ms
+        # Tests inject a clock; by default time is the database's own (see `now_ms`).
+        self._injected_clock = clock
+
+    def _now(self, txn: ShardTransaction) -> int:
+        return self._injected_clock() if self._injected_clock is not None else txn.now_ms()
 
     @abc.abstractmethod
     def _transaction(self, mode: LockMode) -> AbstractContextManager[ShardTransaction]:
@@ -199,6 +207,12 @@ class ShardedSqlRegistry(IdRegistry):
 
         def body(txn: ShardTransaction) -> list[CommitOutcome]:
             meta = txn.read_meta()
+            # The fence: a retired owner's ids may already be re-injected, so it may register no more.
+            # `retire` holds the metadata row exclusively, so this check and the retirement are ordered.
+            for owner in sorted({claim.token.owner for claim in claims}):
+                if txn.owner_last_seen(RETIRED_PREFIX + owner) is not None:
+                    raise OwnerRetired(f"pipeline owner {owner!r} was retired by the verifier: the registry "
+                                       "refuses its commits; start it under a new owner name with a new root")
             by_shard: dict[int, list[Claim]] = {}
             for claim in first_live_claims(claims, meta.gc_boundary_ms):
                 shard = meta.sharding.shard_for(claim.click_id, claim.event_time_ms)
@@ -245,18 +259,29 @@ class ShardedSqlRegistry(IdRegistry):
     # ---- liveness -------------------------------------------------------------------------------
 
     def heartbeat(self, owner: str) -> None:
-        now_ms = self._clock()
-        self._run(LockMode.SHARED, lambda txn: txn.touch_owner(owner, now_ms))
+        # Stamped with the database's clock, not the client's: a client whose clock is behind must
+        # not look silent to the verifier, which measures silence with the same database clock.
+        self._run(LockMode.SHARED, lambda txn: txn.touch_owner(owner, self._now(txn)))
 
     def owner_last_seen(self, owner: str) -> int | None:
         return self._run(LockMode.READ, lambda txn: txn.owner_last_seen(owner))
+
+    def now_ms(self) -> int:
+        return self._run(LockMode.READ, self._now)
+
+    def retire(self, owner: str) -> None:
+        def body(txn: ShardTransaction) -> None:
+            txn.read_meta()  # exclusive: waits for commits in flight, and later commits see the mark
+            txn.touch_owner(RETIRED_PREFIX + owner, self._now(txn))
+
+        self._run(LockMode.EXCLUSIVE, body)
 
     # ---- configuration --------------------------------------------------------------------------
 
     def reshard(self, shard_count: int, safety_margin_ms: int) -> ShardingEntry:
         def body(txn: ShardTransaction) -> ShardingEntry:
             meta = txn.read_meta()
-            entry = next_sharding_entry(meta.sharding, shard_count, self._clock(), safety_margin_ms)
+            entry = next_sharding_entry(meta.sharding, shard_count, self._now(txn), safety_margin_ms)
             # The exclusive lock keeps commits out, so this check and the new entry are atomic: no id
             # routed by the old entry can have an event time the new entry covers.
             in_force = meta.sharding.entries[-1]

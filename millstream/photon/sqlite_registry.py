@@ -187,3 +187,9 @@ class _SqliteTransaction(ShardTransaction):
     def owner_last_seen(self, owner: str) -> int | None:
         row = self.connection.execute("SELECT last_seen_ms FROM owners WHERE owner = ?", (owner,)).fetchone()
         return None if row is None else int(row[0])
+
+    def now_ms(self) -> int:
+        # SQLite's 'now' (the clock of the host holding the file, read by SQLite, not by Python), in ms.
+        row = self.connection.execute("SELECT CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)"
+                                      ).fetchone()
+        return int(row[0])

@@ -99,7 +99,9 @@ def read_outputs(pipelines: Iterable[PipelineLayout]) -> OutputsSeen:
 class Verifier:
     """Checks the click log in `click_log` against the outputs of `pipelines`, repairing through
     `registry` and `reinject_dir` (see the module doc). `click_log_creation` is how the pipelines'
-    FileInjector reads the click log ("name" or "mtime"), so that record ids are the same.
+    FileInjector reads the click log ("name" or "mtime"), so that record ids are the same. Owners'
+    silence is measured with the registry's clock (`IdRegistry.now_ms`), never with `clock`, which
+    only names re-injection files.
 
     >>> import tempfile, os
     >>> from millstream.photon import open_registry
@@ -156,7 +158,7 @@ class Verifier:
                 report.unsettled.append(click_id)
             else:
                 orphans[click_id] = answer
-        now = self._clock()
+        now = self.registry.now_ms()  # heartbeats are stamped with the registry's clock: never compare with ours
         owners = sorted({answer.token.owner for answer in orphans.values() if answer.token is not None})
         gone = {owner for owner in owners if is_gone(self.registry, owner, self.owner_timeout_ms, now)}
         for owner in sorted(gone):

@@ -320,7 +320,8 @@ class PhotonDemo:
                     and time.time() - self.killed_at >= self.options.restart_after_s:
                 faults = replace(victim.spec.faults, die_when=None, die_after_commit=0)
                 victim.start(replace(victim.spec, faults=faults))
-                self.restarted, self.restarted_ms = True, int(time.time() * 1000)
+                # On the registry's clock: `_back` compares it with a heartbeat, which is stamped with it.
+                self.restarted, self.restarted_ms = True, registry.now_ms()
                 self.note(f"{victim.owner} restarted on its root (same owner name): it re-runs the batch it died in")
             if self.options.reshard_to and not resharded and now >= 0.6 * self.config.seconds:
                 before = registry.sharding().entries[-1].shard_count

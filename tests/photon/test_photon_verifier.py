@@ -1,0 +1,100 @@
+"""The verifier and liveness against what went wrong in review: a skewed clock taken for a dead
+owner, a retired pipeline that kept committing, a click reported unjoinable twice, registry failures
+during verification, and clicks the adapter filters out. Harness-level (see photon_pipelines.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import Counter
+from typing import Any, Mapping
+
+import pytest
+
+from millstream.photon import JoinAdapter, PipelineLayout, Verifier, open_registry
+from millstream.photon.driver import stopped_by_retirement
+from millstream.photon.liveness import is_gone, retire_owner
+from millstream.photon.outputs import read_sink
+from millstream.photon.pipeline import build_photon_pipeline
+from millstream.photon.registry import DeleteStatus, ForwardingRegistry, RegistryError, Token
+from millstream.photon.verifier import wait_until_settled
+from millstream.testing import PipelineHarness
+from photon_pipelines import T0, HarnessPhoton, click, query
+
+
+def write_click_log(base: str, clicks: list[Any]) -> str:
+    directory = os.path.join(base, "logs", "clicks")
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, f"clicks-{T0}.jsonl"), "w") as out:
+        for c in clicks:
+            out.write(json.dumps({"key": c.key, "value": c.value, "timestamp": c.timestamp, "id": c.id}) + "\n")
+    return directory
+
+
+def joined_counts(*pipelines: HarnessPhoton) -> Counter[str]:
+    return Counter(r.key for p in pipelines for r in read_sink(p.layout.joined_dir))
+
+
+# ---- F1: liveness on the registry's clock, and retired owners fenced ------------------------------
+
+def test_a_verifier_whose_clock_runs_ahead_retires_no_live_owner(tmp_path):
+    base = str(tmp_path)
+    url = "sqlite:///" + os.path.join(base, "ids.db")
+    a = HarnessPhoton(base, "photon-a", url, shards=1)
+    b = HarnessPhoton(base, "photon-b", url, shards=1)
+    queries = [query(n, T0 - 5_000 + 10 * n) for n in range(20)]
+    clicks = [click(f"c-{n}", queries[n], T0 + n) for n in range(20)]
+    log = write_click_log(base, clicks)
+    a.feed("queries", queries)
+    b.feed("queries", queries)
+    a.feed("clicks", clicks[:10])
+    a.harness.feed("clicks", clicks[10:])
+    a.harness.run()  # registered, not yet published: a Spark micro-batch still running
+    with open_registry(url) as registry:
+        registry.heartbeat("photon-a")
+        registry.heartbeat("photon-b")
+        skewed = Verifier(registry, log, [a.layout, b.layout], os.path.join(base, "logs", "reinjected"),
+                          owner_timeout_ms=15_000, clock=lambda: time.time_ns() // 1_000_000 + 16_000)
+        report = skewed.run()
+        assert report.retired_owners == [] and report.repaired == []
+        assert sorted(report.waiting_for_owner) == sorted(c.key for c in clicks[10:])
+    a.write_outputs()  # the micro-batch commits
+    b.feed("clicks", clicks)
+    b.pull_reinjected()
+    assert joined_counts(a, b) == Counter({c.key: 1 for c in clicks})
+
+
+def test_heartbeats_are_stamped_with_the_registry_clock_not_the_clients(registry_target, monkeypatch):
+    real_time_ns = time.time_ns
+    with registry_target.open() as registry:
+        # This client's clock is a minute behind: its heartbeat must not look a minute old.
+        monkeypatch.setattr(time, "time_ns", lambda: real_time_ns() - 60_000 * 1_000_000)
+        registry.heartbeat("photon-a")
+        monkeypatch.setattr(time, "time_ns", real_time_ns)
+        true_now = real_time_ns() // 1_000_000
+        last_seen = registry.owner_last_seen("photon-a")
+        assert last_seen is not None and abs(true_now - last_seen) < 5_000
+        assert abs(registry.now_ms() - true_now) < 5_000
+        assert not is_gone(registry, "photon-a", timeout_ms=15_000)
+
+
+def test_a_retired_pipeline_that_is_still_running_commits_nothing_and_stops(tmp_path, registry_target):
+    base = str(tmp_path)
+    a = HarnessPhoton(base, "photon-a", registry_target.url, registry_target.options, shards=1)
+    b = HarnessPhoton(base, "photon-b", registry_target.url, registry_target.options, shards=1)
+    queries = [query(n, T0 - 5_000 + 10 * n) for n in range(10)]
+    clicks = [click(f"c-{n}", queries[n], T0 + n) for n in range(10)]
+    a.feed("queries", queries)
+    b.feed("queries", queries)
+    a.feed("clicks", clicks[:5])
+    with registry_target.open() as registry:
+        retire_owner(registry, "photon-a")  # the verifier's verdict, while A still runs
+        with pytest.raises(Exception) as stopped:
+            a.feed("clicks", clicks[5:])
+        assert "OwnerRetired" in str(stopped.value) and "photon-a" in str(stopped.value)  # says why it stopped
+        assert stopped_by_retirement(stopped.value)  # what the driver turns into its "retired" exit code
+        found = registry.lookup({c.key: c.timestamp for c in clicks[5:]})
+        assert not any(answer.registered for answer in found.values())  # A registered none of them
+    b.feed("clicks", clicks)
+    assert joined_counts(a, b) == Counter({c.key: 1 for c in clicks})
