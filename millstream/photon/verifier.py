@@ -33,6 +33,7 @@ from typing import Any, Iterable, Sequence
 from millstream.model.records import Record
 from millstream.photon.adapter import JoinAdapter
 from millstream.photon.clock import Clock, wall_clock_ms
+from millstream.photon.dispatcher import EXPIRED_REASON
 from millstream.photon.liveness import is_gone, retire_owner
 from millstream.photon.outputs import PipelineLayout, read_log, read_sink
 from millstream.photon.registry import DeleteStatus, IdRegistry, LookupResult
@@ -53,6 +54,7 @@ class VerifierReport:
     unjoinable: int = 0  # distinct click ids reported unjoinable (expired ones included)
     expired: list[str] = field(default_factory=list)  # behind the GC boundary: cannot be verified
     duplicated: list[str] = field(default_factory=list)  # joined more than once across the outputs
+    unjoinable_twice: list[str] = field(default_factory=list)  # reported unjoinable more than once (not expired)
     joined_and_unjoinable: list[str] = field(default_factory=list)
     unknown: list[str] = field(default_factory=list)  # in an output, not in the click log
     unsettled: list[str] = field(default_factory=list)  # neither registered nor written (yet)
@@ -63,8 +65,9 @@ class VerifierReport:
 
     @property
     def consistent(self) -> bool:
-        """Nothing joined twice, nothing both joined and unjoinable, nothing unknown."""
-        return not (self.duplicated or self.joined_and_unjoinable or self.unknown)
+        """Nothing joined twice, nothing reported unjoinable twice (but for `expired`, which each
+        pipeline reports), nothing both joined and unjoinable, nothing unknown."""
+        return not (self.duplicated or self.unjoinable_twice or self.joined_and_unjoinable or self.unknown)
 
     @property
     def settled(self) -> bool:
@@ -75,25 +78,33 @@ class VerifierReport:
         return asdict(self)
 
     def summary(self) -> str:
+        extra = "".join(f", {len(found)} {what}" for found, what in (
+            (self.unjoinable_twice, "reported unjoinable twice"),) if found)
         return (f"{self.clicks} clicks: {self.joined} joined, {self.unjoinable} unjoinable, "
                 f"{len(self.unsettled)} unsettled, {len(self.waiting_for_owner)} waiting for a live owner, "
-                f"{len(self.repaired)} repaired (re-injected), {len(self.duplicated)} joined twice")
+                f"{len(self.repaired)} repaired (re-injected), {len(self.duplicated)} joined twice{extra}")
 
 
 @dataclass(frozen=True)
 class OutputsSeen:
     joined: Counter[str]
     unjoinable: set[str]
+    decided_unjoinable: Counter[str]  # unjoinable reports other than `expired`: one per click at most
 
 
 def read_outputs(pipelines: Iterable[PipelineLayout]) -> OutputsSeen:
     """The click ids in the union of the pipelines' `joined` and `unjoinable` sinks."""
     joined: Counter[str] = Counter()
     unjoinable: set[str] = set()
+    decided: Counter[str] = Counter()
     for layout in pipelines:
         joined.update(record.key for record in read_sink(layout.joined_dir))
-        unjoinable.update(record.key for record in read_sink(layout.unjoinable_dir))
-    return OutputsSeen(joined, unjoinable)
+        for record in read_sink(layout.unjoinable_dir):
+            unjoinable.add(record.key)
+            reason = record.value.get("reason") if isinstance(record.value, dict) else None
+            if reason != EXPIRED_REASON:
+                decided[record.key] += 1
+    return OutputsSeen(joined, unjoinable, decided)
 
 
 class Verifier:
@@ -145,6 +156,7 @@ class Verifier:
         seen = read_outputs(self.pipelines)
         report = VerifierReport(clicks=len(clicks), joined=len(seen.joined), unjoinable=len(seen.unjoinable))
         report.duplicated = sorted(c for c, n in seen.joined.items() if n > 1)
+        report.unjoinable_twice = sorted(c for c, n in seen.decided_unjoinable.items() if n > 1)
         report.joined_and_unjoinable = sorted(seen.unjoinable & set(seen.joined))
         report.unknown = sorted((set(seen.joined) | seen.unjoinable) - set(clicks))
         unwritten = sorted(c for c in clicks if c not in seen.joined and c not in seen.unjoinable)

@@ -98,3 +98,25 @@ def test_a_retired_pipeline_that_is_still_running_commits_nothing_and_stops(tmp_
         assert not any(answer.registered for answer in found.values())  # A registered none of them
     b.feed("clicks", clicks)
     assert joined_counts(a, b) == Counter({c.key: 1 for c in clicks})
+
+
+# ---- F5: a click reported unjoinable twice --------------------------------------------------------
+
+def write_unjoinable(layout: PipelineLayout, click_id: str, reason: str) -> None:
+    os.makedirs(layout.unjoinable_dir, exist_ok=True)
+    with open(os.path.join(layout.unjoinable_dir, "dispatcher-000000000001-0.jsonl"), "a") as out:
+        out.write(json.dumps({"key": click_id, "value": {"reason": reason}, "timestamp": T0, "id": "x"}) + "\n")
+
+
+def test_a_click_reported_unjoinable_twice_is_neither_consistent_nor_settled(tmp_path):
+    base = str(tmp_path)
+    clicks = [click("c-1", "web-1:7:1699999999000:0", T0), click("c-2", "web-1:7:1699999999000:1", T0)]
+    log = write_click_log(base, clicks)
+    layouts = [PipelineLayout(os.path.join(base, owner)) for owner in ("photon-a", "photon-b")]
+    for layout in layouts:
+        write_unjoinable(layout, "c-1", "not_found")  # decided twice: the registry should have stopped one
+        write_unjoinable(layout, "c-2", "expired")  # the one documented exception: each pipeline reports it
+    with open_registry("sqlite:///" + os.path.join(base, "ids.db")) as registry:
+        report = Verifier(registry, log, layouts, os.path.join(base, "reinjected")).run()
+    assert report.unjoinable_twice == ["c-1"]
+    assert not report.consistent and not report.settled
