@@ -19,11 +19,15 @@ It also reports what else it sees: clicks joined more than once (must be none), 
 outputs, records in the outputs that are not in the click log, and clicks neither registered nor
 written (still being retried somewhere, or dropped by the adapter's filter). Click ids behind the
 registry's GC boundary cannot be verified and are counted as expired.
+
+A registry failure in the middle of a run does not lose what the run already deleted: those clicks
+are re-injected before the error is raised. `wait_until_settled` tries again at its next round.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from collections import Counter
@@ -34,9 +38,12 @@ from millstream.model.records import Record
 from millstream.photon.adapter import JoinAdapter
 from millstream.photon.clock import Clock, wall_clock_ms
 from millstream.photon.dispatcher import EXPIRED_REASON
+from millstream.photon.joiner import REGISTRY_FAILURES
 from millstream.photon.liveness import is_gone, retire_owner
 from millstream.photon.outputs import PipelineLayout, read_log, read_sink
 from millstream.photon.registry import DeleteStatus, IdRegistry, LookupResult
+
+logger = logging.getLogger(__name__)
 
 LOOKUP_CHUNK = 1_000
 
@@ -179,16 +186,19 @@ class Verifier:
         if gone:
             seen = read_outputs(self.pipelines)  # what a gone owner published before we retired it counts
         repairs: list[Record[Any]] = []
-        for click_id, answer in orphans.items():
-            if answer.token is None or answer.token.owner not in gone:
-                report.waiting_for_owner.append(click_id)
-            elif click_id in seen.joined or click_id in seen.unjoinable:
-                continue  # written after all
-            elif self.registry.delete(click_id, answer.token, clicks[click_id].timestamp) is DeleteStatus.DELETED:
-                report.repaired.append(click_id)
-                repairs.append(clicks[click_id])
-        if repairs:
-            report.reinjection_file = self._reinject(repairs)
+        try:
+            for click_id, answer in orphans.items():
+                if answer.token is None or answer.token.owner not in gone:
+                    report.waiting_for_owner.append(click_id)
+                elif click_id in seen.joined or click_id in seen.unjoinable:
+                    continue  # written after all
+                elif self.registry.delete(click_id, answer.token, clicks[click_id].timestamp) is DeleteStatus.DELETED:
+                    report.repaired.append(click_id)
+                    repairs.append(clicks[click_id])
+        finally:
+            # Also when a delete failed: a click deleted and not re-injected would be lost for good.
+            if repairs:
+                report.reinjection_file = self._reinject(repairs)
         return report
 
     def _reinject(self, records: list[Record[Any]]) -> str:
@@ -212,11 +222,22 @@ class Verifier:
 
 def wait_until_settled(verifier: Verifier, timeout_s: float, every_s: float = 2.0) -> list[VerifierReport]:
     """Run the verifier every `every_s` seconds until a run finds every click written exactly once, or
-    `timeout_s` passes; returns every run's report."""
-    reports = []
+    `timeout_s` passes; returns every completed run's report. A run that the registry fails (a server
+    restarting) is tried again at the next round; if no run completed by the deadline, the last
+    failure is raised."""
+    reports: list[VerifierReport] = []
     deadline = time.time() + timeout_s
     while True:
-        reports.append(verifier.run())
-        if reports[-1].settled or time.time() > deadline:
+        failure: BaseException | None = None
+        try:
+            reports.append(verifier.run())
+        except REGISTRY_FAILURES as error:
+            failure = error
+            logger.warning("verifier run failed on the registry (%s); trying again in %g s", error, every_s)
+        if failure is None and reports[-1].settled:
+            return reports
+        if time.time() > deadline:
+            if not reports and failure is not None:
+                raise failure
             return reports
         time.sleep(every_s)

@@ -120,3 +120,73 @@ def test_a_click_reported_unjoinable_twice_is_neither_consistent_nor_settled(tmp
         report = Verifier(registry, log, layouts, os.path.join(base, "reinjected")).run()
     assert report.unjoinable_twice == ["c-1"]
     assert not report.consistent and not report.settled
+
+
+# ---- F8: registry failures while verifying --------------------------------------------------------
+
+class FailsFirstCalls(ForwardingRegistry):
+    """A registry whose first `failures` reads fail, as while a PostgreSQL server restarts."""
+
+    def __init__(self, backend: Any, failures: int) -> None:
+        super().__init__(backend)
+        self.failures = failures
+
+    def _maybe_fail(self) -> None:
+        if self.failures > 0:
+            self.failures -= 1
+            raise RegistryError("connection refused (the server is restarting)")
+
+    def lookup(self, ids: Mapping[str, int]) -> Any:
+        self._maybe_fail()
+        return super().lookup(ids)
+
+    def now_ms(self) -> int:
+        self._maybe_fail()
+        return super().now_ms()
+
+
+def test_wait_until_settled_tries_again_after_a_registry_failure(tmp_path):
+    base = str(tmp_path)
+    a = HarnessPhoton(base, "photon-a", "sqlite:///" + os.path.join(base, "ids.db"))
+    queries = [query(n, T0 - 5_000 + 10 * n) for n in range(3)]
+    clicks = [click(f"c-{n}", queries[n], T0 + n) for n in range(3)]
+    log = write_click_log(base, clicks)
+    a.feed("queries", queries)
+    a.feed("clicks", clicks)
+    with open_registry(a.spec.registry_url) as backend:
+        registry = FailsFirstCalls(backend, failures=2)
+        reports = wait_until_settled(Verifier(registry, log, [a.layout], os.path.join(base, "re")),
+                                     timeout_s=30, every_s=0.01)
+    assert registry.failures == 0 and reports and reports[-1].settled
+
+
+class FailsSecondDelete(ForwardingRegistry):
+    def __init__(self, backend: Any) -> None:
+        super().__init__(backend)
+        self.deletes = 0
+
+    def delete(self, click_id: str, token: Token, event_time_ms: int) -> DeleteStatus:
+        self.deletes += 1
+        if self.deletes == 2:
+            raise RegistryError("connection lost")
+        return super().delete(click_id, token, event_time_ms)
+
+
+def test_a_registry_failure_mid_repair_still_reinjects_what_was_deleted(tmp_path):
+    base = str(tmp_path)
+    url = "sqlite:///" + os.path.join(base, "ids.db")
+    clicks = [click(f"c-{n}", f"web-1:7:{T0 - 1000}:{n}", T0 + n) for n in range(3)]
+    log = write_click_log(base, clicks)
+    reinject = os.path.join(base, "reinjected")
+    with open_registry(url) as backend:
+        from millstream.photon import Claim
+
+        backend.commit([Claim(c.key, Token("photon-dead", f"1/{c.id}"), c.timestamp) for c in clicks])
+        registry = FailsSecondDelete(backend)
+        with pytest.raises(RegistryError):
+            Verifier(registry, log, [PipelineLayout(os.path.join(base, "a"))], reinject, owner_timeout_ms=0).run()
+        found = backend.lookup({c.key: c.timestamp for c in clicks})
+    deleted = {c.key for c in clicks if not found[c.key].registered}
+    reinjected = {json.loads(line)["key"] for name in os.listdir(reinject) if not name.startswith(".")
+                  for line in open(os.path.join(reinject, name))}
+    assert deleted and deleted == reinjected  # nothing deleted is left without a re-injection

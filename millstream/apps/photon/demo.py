@@ -34,6 +34,7 @@ from millstream.injectors.files import DONE_MARKER
 from millstream.photon import IdRegistry, PhotonFaults, PhotonPipelineSpec, RetryPolicy, Verifier, open_registry
 from millstream.photon.dispatcher import DispatchStats
 from millstream.photon.faults import read_fault_records
+from millstream.photon.joiner import REGISTRY_FAILURES
 from millstream.photon.outputs import SinkRecord, SinkTail
 from millstream.photon.pipeline import COMPUTATIONS, INJECTORS
 from millstream.photon.verifier import VerifierReport
@@ -386,7 +387,14 @@ class PhotonDemo:
         dead = self._dead()
         while True:
             self._update()
-            report = verifier.run()
+            try:
+                report = verifier.run()
+            except REGISTRY_FAILURES as error:  # a registry restarting: the next round tries again
+                self.note(f"verifier: the registry failed ({type(error).__name__}); trying again in {VERIFY_EVERY_S:g} s")
+                self._check_drivers(dead)
+                self._deadline_check()
+                time.sleep(VERIFY_EVERY_S)
+                continue
             self.verifier_reports.append(report)
             if report.repaired:
                 self.note(f"verifier: {len(report.repaired)} clicks registered by {', '.join(report.retired_owners)} "
