@@ -17,8 +17,10 @@ registered but appears in no output:
 
 It also reports what else it sees: clicks joined more than once (must be none), clicks in both
 outputs, records in the outputs that are not in the click log, and clicks neither registered nor
-written (still being retried somewhere, or dropped by the adapter's filter). Click ids behind the
-registry's GC boundary cannot be verified and are counted as expired.
+written (still being retried somewhere). A click neither registered nor written whose query one of
+the pipelines' EventStores holds and which the verifier's adapter (the pipelines' adapter, a pure
+function) filters out is counted as filtered, not unsettled: no pipeline will ever register it. Click
+ids behind the registry's GC boundary cannot be verified and are counted as expired.
 
 A registry failure in the middle of a run does not lose what the run already deleted: those clicks
 are re-injected before the error is raised. `wait_until_settled` tries again at its next round.
@@ -38,6 +40,7 @@ from millstream.model.records import Record
 from millstream.photon.adapter import JoinAdapter
 from millstream.photon.clock import Clock, wall_clock_ms
 from millstream.photon.dispatcher import EXPIRED_REASON
+from millstream.photon.eventstore import LOG_MAP_FILE, LogEventStore
 from millstream.photon.joiner import REGISTRY_FAILURES
 from millstream.photon.liveness import is_gone, retire_owner
 from millstream.photon.outputs import PipelineLayout, read_log, read_sink
@@ -65,6 +68,7 @@ class VerifierReport:
     joined_and_unjoinable: list[str] = field(default_factory=list)
     unknown: list[str] = field(default_factory=list)  # in an output, not in the click log
     unsettled: list[str] = field(default_factory=list)  # neither registered nor written (yet)
+    filtered: list[str] = field(default_factory=list)  # neither registered nor written: the adapter drops it
     waiting_for_owner: list[str] = field(default_factory=list)  # registered, unwritten, owner alive
     repaired: list[str] = field(default_factory=list)  # deleted from the registry and re-injected
     retired_owners: list[str] = field(default_factory=list)
@@ -78,7 +82,8 @@ class VerifierReport:
 
     @property
     def settled(self) -> bool:
-        """Every click of the log is written exactly once: joined, or reported unjoinable."""
+        """Every click of the log is written exactly once (joined, or reported unjoinable) or is
+        filtered out by the adapter."""
         return self.consistent and not (self.unsettled or self.waiting_for_owner or self.repaired)
 
     def to_json(self) -> dict[str, Any]:
@@ -86,7 +91,7 @@ class VerifierReport:
 
     def summary(self) -> str:
         extra = "".join(f", {len(found)} {what}" for found, what in (
-            (self.unjoinable_twice, "reported unjoinable twice"),) if found)
+            (self.unjoinable_twice, "reported unjoinable twice"), (self.filtered, "filtered")) if found)
         return (f"{self.clicks} clicks: {self.joined} joined, {self.unjoinable} unjoinable, "
                 f"{len(self.unsettled)} unsettled, {len(self.waiting_for_owner)} waiting for a live owner, "
                 f"{len(self.repaired)} repaired (re-injected), {len(self.duplicated)} joined twice{extra}")
@@ -117,7 +122,8 @@ def read_outputs(pipelines: Iterable[PipelineLayout]) -> OutputsSeen:
 class Verifier:
     """Checks the click log in `click_log` against the outputs of `pipelines`, repairing through
     `registry` and `reinject_dir` (see the module doc). `click_log_creation` is how the pipelines'
-    FileInjector reads the click log ("name" or "mtime"), so that record ids are the same. Owners'
+    FileInjector reads the click log ("name" or "mtime"), so that record ids are the same; `adapter`
+    and `max_disorder_ms` must be the pipelines' (to tell filtered clicks from unsettled ones). Owners'
     silence is measured with the registry's clock (`IdRegistry.now_ms`), never with `clock`, which
     only names re-injection files.
 
@@ -134,7 +140,7 @@ class Verifier:
 
     def __init__(self, registry: IdRegistry, click_log: str, pipelines: Sequence[PipelineLayout], reinject_dir: str,
                  owner_timeout_ms: int = 15_000, adapter: JoinAdapter | None = None, click_log_creation: str = "name",
-                 clock: Clock | None = None) -> None:
+                 clock: Clock | None = None, max_disorder_ms: int = 30_000) -> None:
         self.registry = registry
         self.click_log = click_log
         self.pipelines = list(pipelines)
@@ -143,6 +149,7 @@ class Verifier:
         self.adapter = adapter or JoinAdapter()
         self.click_log_creation = click_log_creation
         self._clock: Clock = clock or wall_clock_ms
+        self.max_disorder_ms = max_disorder_ms  # the pipelines' EventStore setting, to find queries there
 
     def clicks(self) -> dict[str, Record[Any]]:
         """The click log: each click id's first record."""
@@ -177,6 +184,10 @@ class Verifier:
                 report.unsettled.append(click_id)
             else:
                 orphans[click_id] = answer
+        if report.unsettled and self._adapter_may_filter():
+            filtered = self._filtered(clicks, report.unsettled)
+            report.filtered = [c for c in report.unsettled if c in filtered]
+            report.unsettled = [c for c in report.unsettled if c not in filtered]
         now = self.registry.now_ms()  # heartbeats are stamped with the registry's clock: never compare with ours
         owners = sorted({answer.token.owner for answer in orphans.values() if answer.token is not None})
         gone = {owner for owner in owners if is_gone(self.registry, owner, self.owner_timeout_ms, now)}
@@ -200,6 +211,32 @@ class Verifier:
             if repairs:
                 report.reinjection_file = self._reinject(repairs)
         return report
+
+    def _adapter_may_filter(self) -> bool:
+        """Whether the adapter can drop a pair: the default JoinAdapter never does (no lookups then)."""
+        kind = type(self.adapter)
+        return kind.filter is not JoinAdapter.filter or kind.join is not JoinAdapter.join
+
+    def _filtered(self, clicks: dict[str, Record[Any]], click_ids: Sequence[str]) -> set[str]:
+        """Those of `click_ids` whose query a pipeline's EventStore holds and which the adapter drops,
+        as every pipeline's joiner does (the adapter is a pure function of query and click)."""
+        stores = [LogEventStore(layout.event_store, max_disorder_ms=self.max_disorder_ms) for layout in self.pipelines
+                  if os.path.exists(os.path.join(layout.event_store, LOG_MAP_FILE))]  # never create one
+        filtered: set[str] = set()
+        try:
+            for click_id in click_ids:
+                record = clicks[click_id]
+                try:
+                    query_id = self.adapter.query_id_of_click(record)
+                    query = next((q for q in (store.lookup(query_id) for store in stores) if q is not None), None)
+                    if query is not None and self.adapter.join(query, record.value) is None:
+                        filtered.add(click_id)
+                except Exception:  # a click the adapter cannot read stays unsettled: a pipeline must say
+                    logger.debug("verifier: cannot tell whether click %r is filtered", click_id, exc_info=True)
+        finally:
+            for store in stores:
+                store.close()
+        return filtered
 
     def _reinject(self, records: list[Record[Any]]) -> str:
         """Write `records` to a new file of the re-injection directory (visible complete: written

@@ -190,3 +190,28 @@ def test_a_registry_failure_mid_repair_still_reinjects_what_was_deleted(tmp_path
     reinjected = {json.loads(line)["key"] for name in os.listdir(reinject) if not name.startswith(".")
                   for line in open(os.path.join(reinject, name))}
     assert deleted and deleted == reinjected  # nothing deleted is left without a re-injection
+
+
+# ---- F9: clicks the adapter filters out -----------------------------------------------------------
+
+class NoSpam(JoinAdapter):
+    def filter(self, query: Any, click: Any) -> bool:
+        return not click.get("spam")
+
+
+def test_a_click_the_adapter_filters_out_settles_as_filtered(tmp_path):
+    base = str(tmp_path)
+    a = HarnessPhoton(base, "photon-a", "sqlite:///" + os.path.join(base, "ids.db"))
+    a.harness = PipelineHarness(build_photon_pipeline(a.spec, adapter=NoSpam(), sinks=False), wall_time=T0)
+    queries = [query(n, T0 - 5_000 + 10 * n) for n in range(3)]
+    clicks = [click(f"c-{n}", queries[n], T0 + n) for n in range(3)]
+    clicks[2].value["spam"] = True
+    log = write_click_log(base, clicks)
+    a.feed("queries", queries)
+    a.feed("clicks", clicks)
+    assert a.stats().filtered == 1 and not a.pending()
+    with open_registry(a.spec.registry_url) as registry:
+        report = Verifier(registry, log, [a.layout], os.path.join(base, "re"), adapter=NoSpam()).run()
+        assert report.filtered == ["c-2"] and not report.unsettled and report.settled, report
+        # The same click with an adapter that keeps it is not settled: nobody joined it.
+        assert Verifier(registry, log, [a.layout], os.path.join(base, "re")).run().unsettled == ["c-2"]
