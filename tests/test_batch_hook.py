@@ -110,3 +110,24 @@ def test_the_batch_hook_counts_duplicates_and_late_records_as_per_record_calls_d
     batched = Batched()
     assert metrics(batched) == metrics(PerRecord()) == (len(sent), expected_duplicates, expected_late)
     assert max(batched.calls) > 1
+
+
+def test_a_failing_batch_call_under_fail_names_the_call_not_its_first_record():
+    """Which record of a process_records call is at fault is not known: the error says the call,
+    with how many records and the first and last ids, and names no single record as the culprit."""
+    import pytest
+
+    from millstream.core.executor import ComputationFailed
+
+    class Refusing(Batched):
+        def process_records(self, ctx, records):
+            raise ValueError("refused")
+
+    records = [Record("k", None, t, f"id-{t}") for t in (1, 2, 3)]
+    p = (Pipeline("p").add_injector("src", ScriptedInjector("src", [(records, 10)]), "in")
+         .add_computation("win", Refusing(), ["in"], ["windows"]))
+    with pytest.raises(ComputationFailed) as failed:
+        PipelineHarness(p).run_injectors()
+    first_line = str(failed.value).splitlines()[0]
+    assert "process_records with 3 records from stream 'in' ('id-1' to 'id-3', timestamps 1 to 3)" in first_line
+    assert "ValueError: refused" in first_line and "record 'id-1'" not in first_line

@@ -945,7 +945,7 @@ class KeyGroupExecutor:
         def apply_policy(failure: _UserFailure) -> None:
             failed: list[Delivery | None] = [items[i] for i in failure.items] or [None]
             if self.plan.on_error is ErrorPolicy.FAIL:
-                raise ComputationFailed(self._failure_message(key, failed[0], failure)) from None
+                raise ComputationFailed(self._failure_message(key, failed, failure)) from None
             if failure.timer is not None:
                 timer_letters[failure.timer] = tuple(self._dead_letter(key, None, failure))  # type: ignore[assignment]
                 skip_timers.add(failure.timer)
@@ -975,8 +975,13 @@ class KeyGroupExecutor:
             return step
         raise ComputationError(f"computation {self.plan.name!r}, key {key!r}: step did not settle")
 
-    def _failure_message(self, key: str, delivery: Delivery | None, failure: _UserFailure) -> str:
-        if delivery is not None:
+    def _failure_message(self, key: str, failed: Sequence[Delivery | None], failure: _UserFailure) -> str:
+        delivery, records = failed[0], [d.record for d in failed if d is not None]
+        if delivery is not None and len(records) > 1:  # a process_records call: which record is not known
+            times = [record.timestamp for record in records]
+            where = (f"process_records with {len(records)} records from stream {delivery.stream!r} "
+                     f"({records[0].id!r} to {records[-1].id!r}, timestamps {min(times)} to {max(times)})")
+        elif delivery is not None:
             where = (f"record {delivery.record.id!r} from stream {delivery.stream!r} "
                      f"(timestamp {delivery.record.timestamp})")
         else:
