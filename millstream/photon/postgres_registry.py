@@ -1,8 +1,9 @@
 """The IdRegistry on PostgreSQL (psycopg 3).
 
 Tables live in the connected database under a name prefix (`namespace`): `<ns>_meta` (one row: the
-sharding configuration and the GC boundary), `<ns>_owners` (heartbeats) and one table per shard,
-`<ns>_shard_<n>`. A batch is claimed with one statement per shard it touches, in one transaction:
+sharding configuration and the GC boundary), `<ns>_owners` (heartbeats), `<ns>_owner_roots` (the
+pipeline root each owner name belongs to) and one table per shard, `<ns>_shard_<n>`. A batch is
+claimed with one statement per shard it touches, in one transaction:
 
     INSERT INTO shard AS registry (id, token, event_time_ms)
     SELECT * FROM unnest(ids, tokens, times)
@@ -21,7 +22,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 from millstream.photon.clock import Clock
-from millstream.photon.registry import Claim, DeleteStatus, RegistryError, ShardingConfig, Token
+from millstream.photon.registry import Claim, DeleteStatus, OwnerRoot, RegistryError, ShardingConfig, Token
 from millstream.photon.sharded import (LockMode, PerThreadConnections, RegistryMeta, ShardedSqlRegistry,
                                        ShardTransaction, meta_from_row)
 
@@ -117,6 +118,8 @@ class PostgresRegistry(ShardedSqlRegistry):
                         f"CHECK (singleton = 1), sharding text NOT NULL, gc_boundary_ms bigint NOT NULL)")
             txn.execute(f'CREATE TABLE IF NOT EXISTS "{ns}_owners" (owner text PRIMARY KEY, '
                         f"last_seen_ms bigint NOT NULL)")
+            txn.execute(f'CREATE TABLE IF NOT EXISTS "{ns}_owner_roots" (owner text PRIMARY KEY, '
+                        f"root_id text NOT NULL, location text NOT NULL)")
             if txn.execute(f'SELECT 1 FROM "{ns}_meta"').fetchone() is None:
                 config = ShardingConfig.initial(initial_shards)
                 txn.execute(f'INSERT INTO "{ns}_meta" VALUES (1, %s, %s)',
@@ -160,7 +163,7 @@ class PostgresRegistry(ShardedSqlRegistry):
             shard_tables = [row[0] for row in txn.execute(
                 "SELECT tablename FROM pg_tables WHERE schemaname = current_schema() AND tablename LIKE %s",
                 (f"{ns}\\_shard\\_%",))]
-            for table in [f"{ns}_meta", f"{ns}_owners", *shard_tables]:
+            for table in [f"{ns}_meta", f"{ns}_owners", f"{ns}_owner_roots", *shard_tables]:
                 txn.execute(f'DROP TABLE IF EXISTS "{table}"')
 
         self._run(LockMode.READ, body)
@@ -253,3 +256,13 @@ class _PostgresTransaction(ShardTransaction):
         row = self.execute("SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint").fetchone()
         assert row is not None  # a SELECT without FROM returns one row
         return int(row[0])
+
+    def bind_owner(self, owner: str, root: OwnerRoot) -> OwnerRoot:
+        # A concurrent first bind makes the INSERT wait for it, then do nothing; the SELECT, a new
+        # statement in READ COMMITTED, sees the row that won.
+        self.execute(f'INSERT INTO "{self._ns}_owner_roots" (owner, root_id, location) VALUES (%s, %s, %s) '
+                     f"ON CONFLICT (owner) DO NOTHING", (owner, root.root_id, root.location))
+        row = self.execute(f'SELECT root_id, location FROM "{self._ns}_owner_roots" WHERE owner = %s',
+                           (owner,)).fetchone()
+        assert row is not None, owner  # inserted above, or by the bind that won; never deleted
+        return OwnerRoot(str(row[0]), str(row[1]))

@@ -39,6 +39,16 @@ class ReshardRefused(RegistryError):
     """A resharding entry was refused because it could route an already registered id elsewhere."""
 
 
+@dataclass(frozen=True)
+class OwnerRoot:
+    """The pipeline root an owner name is bound to (see millstream.photon.ownership): `root_id` is
+    what tells roots apart (made at a root's first start, kept in it); `location` is where that root
+    was, for messages only."""
+
+    root_id: str
+    location: str
+
+
 @dataclass(frozen=True, slots=True)
 class Token:
     """Who committed a click id: the joiner (`owner`) and which attempt of it.
@@ -324,6 +334,15 @@ class IdRegistry(abc.ABC):
         self.heartbeat(RETIRED_PREFIX + owner)
 
     @abc.abstractmethod
+
+    def bind_owner(self, owner: str, root: OwnerRoot) -> OwnerRoot:
+        """Bind `owner` to `root` if it is bound to no root yet; return the root it is bound to now.
+
+        Atomic: of two first binds of one owner name, one wins and both are told the winner. A
+        binding is never changed or removed (a new root needs a new owner name).
+        """
+
+    @abc.abstractmethod
     def reshard(self, shard_count: int, safety_margin_ms: int) -> ShardingEntry:
         """Spread ids with event time >= now + margin over `shard_count` shards; returns the new entry.
 
@@ -381,6 +400,9 @@ class ForwardingRegistry(IdRegistry):
 
     def retire(self, owner: str) -> None:
         self.backend.retire(owner)
+
+    def bind_owner(self, owner: str, root: OwnerRoot) -> OwnerRoot:
+        return self.backend.bind_owner(owner, root)
 
     def reshard(self, shard_count: int, safety_margin_ms: int) -> ShardingEntry:
         return self.backend.reshard(shard_count, safety_margin_ms)

@@ -25,7 +25,7 @@ from typing import Any, Callable, Generic, Mapping, Sequence, TypeVar
 
 from millstream.photon.clock import Clock
 from millstream.photon.registry import (RETIRED_PREFIX, Claim, CommitOutcome, DeleteStatus, GcResult, IdRegistry,
-                                        LookupResult, OwnerRetired, RegistryError, ReshardRefused, ShardingConfig,
+                                        LookupResult, OwnerRetired, OwnerRoot, RegistryError, ReshardRefused, ShardingConfig,
                                         ShardingEntry, Token, first_live_claims, next_sharding_entry,
                                         resolve_batch)
 
@@ -90,8 +90,12 @@ class ShardTransaction(abc.ABC):
     def owner_last_seen(self, owner: str) -> int | None: ...
 
     @abc.abstractmethod
+
     def now_ms(self) -> int:
         """The database's own clock (ms since the epoch)."""
+
+    def bind_owner(self, owner: str, root: OwnerRoot) -> OwnerRoot:
+        """Insert (owner, root) unless the owner has a row; return the owner's root afterwards."""
 
 
 class _ConnectionHolder(Generic[C]):
@@ -275,6 +279,9 @@ class ShardedSqlRegistry(IdRegistry):
             txn.touch_owner(RETIRED_PREFIX + owner, self._now(txn))
 
         self._run(LockMode.EXCLUSIVE, body)
+
+    def bind_owner(self, owner: str, root: OwnerRoot) -> OwnerRoot:
+        return self._run(LockMode.SHARED, lambda txn: txn.bind_owner(owner, root))
 
     # ---- configuration --------------------------------------------------------------------------
 

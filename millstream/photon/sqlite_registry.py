@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from typing import Iterator, Sequence
 
 from millstream.photon.clock import Clock
-from millstream.photon.registry import Claim, DeleteStatus, ShardingConfig, Token
+from millstream.photon.registry import Claim, DeleteStatus, OwnerRoot, ShardingConfig, Token
 from millstream.photon.sharded import (LockMode, PerThreadConnections, RegistryMeta, ShardedSqlRegistry,
                                        ShardTransaction, meta_from_row)
 
@@ -83,6 +83,9 @@ class SqliteRegistry(ShardedSqlRegistry):
                 "sharding TEXT NOT NULL, gc_boundary_ms INTEGER NOT NULL)")
             txn.connection.execute(
                 "CREATE TABLE IF NOT EXISTS owners (owner TEXT PRIMARY KEY, last_seen_ms INTEGER NOT NULL)")
+            txn.connection.execute(
+                "CREATE TABLE IF NOT EXISTS owner_roots (owner TEXT PRIMARY KEY, root_id TEXT NOT NULL, "
+                "location TEXT NOT NULL)")
             row = txn.connection.execute("SELECT sharding, gc_boundary_ms FROM meta").fetchone()
             if row is None:
                 config = ShardingConfig.initial(initial_shards)
@@ -193,3 +196,11 @@ class _SqliteTransaction(ShardTransaction):
         row = self.connection.execute("SELECT CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)"
                                       ).fetchone()
         return int(row[0])
+
+    def bind_owner(self, owner: str, root: OwnerRoot) -> OwnerRoot:
+        # Under the database's write lock: the insert and the read see no other writer in between.
+        self.connection.execute("INSERT INTO owner_roots (owner, root_id, location) VALUES (?, ?, ?) "
+                                "ON CONFLICT (owner) DO NOTHING", (owner, root.root_id, root.location))
+        root_id, location = self.connection.execute(
+            "SELECT root_id, location FROM owner_roots WHERE owner = ?", (owner,)).fetchone()
+        return OwnerRoot(root_id, location)

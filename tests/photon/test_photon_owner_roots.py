@@ -17,6 +17,7 @@ from dataclasses import replace
 
 import pytest
 
+from millstream.photon.registry import OwnerRoot
 from millstream.photon.outputs import read_sink
 from photon_pipelines import T0, HarnessPhoton, click, query
 
@@ -78,3 +79,27 @@ def test_the_driver_refuses_an_owner_name_of_another_root_in_one_line_before_spa
     assert driver.main([spec_path]) == driver.EXIT_REFUSED
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "owner 'photon' belongs to root" in err[0] and "new owner name" in err[0], err
+
+
+def test_of_many_first_binds_of_one_owner_name_at_once_exactly_one_root_wins(registry_target):
+    import threading
+
+    roots = [OwnerRoot(f"root-{n}", f"/data/dc{n}/run") for n in range(8)]
+    start = threading.Barrier(len(roots))
+    answers: dict[str, OwnerRoot] = {}
+
+    def bind(root: OwnerRoot) -> None:
+        with registry_target.open() as registry:  # a client (connection) of its own
+            start.wait()
+            answers[root.root_id] = registry.bind_owner("photon", root)
+
+    threads = [threading.Thread(target=bind, args=(root,)) for root in roots]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    winners = set(answers.values())
+    assert len(answers) == len(roots) and len(winners) == 1 and winners <= set(roots)
+    with registry_target.open() as registry:  # a binding never changes, reopened or not
+        assert registry.bind_owner("photon", OwnerRoot("late", "/data/late/run")) in winners
+        assert registry.bind_owner("photon-b", OwnerRoot("late", "/data/late/run")).root_id == "late"

@@ -85,6 +85,7 @@ class LosesReplies(IdRegistry):
     def delete(self, click_id, token, event_time_ms): raise NotImplementedError
     def heartbeat(self, owner): raise NotImplementedError
     def owner_last_seen(self, owner): raise NotImplementedError
+    def bind_owner(self, owner, root): raise NotImplementedError
     def reshard(self, shard_count, safety_margin_ms): raise NotImplementedError
     def sharding(self): raise NotImplementedError
     def gc(self, older_than_ms): raise NotImplementedError
