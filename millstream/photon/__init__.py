@@ -18,6 +18,7 @@ The pipeline parts, on millstream:
 - `pipeline` / `driver`: one complete redundant pipeline, and its driver process.
 - `liveness`, `faults`, `credentials`, `outputs`: heartbeats and retirement, fault injection, keeping
   the registry password out of Spark's plan, reading a pipeline's outputs without Spark.
+- `ownership`: each owner name bound to one pipeline root; a start on another root is refused.
 """
 
 from millstream.photon.adapter import JoinAdapter
@@ -28,8 +29,8 @@ from millstream.photon.factory import open_registry
 from millstream.photon.ids import EventId, EventIdGenerator, event_time_of
 from millstream.photon.postgres_registry import PostgresRegistry, redact_dsn
 from millstream.photon.registry import (Claim, CommitOutcome, CommitStatus, DeleteStatus, GcResult, IdRegistry,
-                                        LookupResult, RegistryError, ReshardRefused, ShardingConfig, ShardingEntry,
-                                        Token, shard_of)
+                                        LookupResult, OwnerRoot, RegistryError, ReshardRefused, ShardingConfig,
+                                        ShardingEntry, Token, shard_of)
 from millstream.photon.sqlite_registry import SqliteRegistry
 from millstream.photon.dispatcher import (JOINED, STATS, UNJOINABLE, ClickShard, DispatchStats, Dispatcher,
                                           RegistrySpec, RetryPolicy)
@@ -38,6 +39,7 @@ from millstream.photon.faults import PhotonFaults, PipelineDied
 from millstream.photon.joiner import JoinBatch, Joiner, JoinRequest, JoinResult, JoinStatus, dispatch_token
 from millstream.photon.liveness import OwnerHeartbeat, OwnerRetired, is_gone, retire_owner
 from millstream.photon.outputs import PipelineLayout
+from millstream.photon.ownership import OwnerOfAnotherRoot, claim_owner_root
 from millstream.photon.pipeline import PhotonPipelineSpec, build_photon_pipeline
 from millstream.photon.verifier import Verifier, VerifierReport
 
@@ -46,10 +48,10 @@ __all__ = [
     "JoinBatch", "JoinRequest", "JoinResult", "JoinStatus", "Joiner", "OwnerHeartbeat", "OwnerRetired",
     "PhotonFaults", "PhotonPipelineSpec", "PipelineDied", "PipelineLayout", "RegistrySpec", "RetryPolicy",
     "Verifier", "VerifierReport", "build_photon_pipeline", "dispatch_token", "is_gone", "primary_key",
-    "retire_owner",
+    "retire_owner", "OwnerOfAnotherRoot", "claim_owner_root",
     "BatchingRegistry", "BatchingStats", "CachedEventStore", "Claim", "CommitOutcome", "CommitStatus",
     "CommitTimeout", "DeleteStatus", "Event", "EventId", "EventIdGenerator", "EventLogWriter", "EventStore",
-    "EventStoreStats", "GcResult", "IdRegistry", "LogEventStore", "LookupResult", "PostgresRegistry",
+    "EventStoreStats", "GcResult", "IdRegistry", "LogEventStore", "LookupResult", "OwnerRoot", "PostgresRegistry",
     "RegistryError", "ReshardRefused", "ShardingConfig", "ShardingEntry", "SqliteRegistry", "TieredEventStore",
     "Token", "event_time_of", "open_registry", "redact_dsn", "shard_of",
 ]

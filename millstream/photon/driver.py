@@ -2,8 +2,8 @@
 
 Runs `millstream.photon.pipeline.run_pipeline` on the spec (see PhotonPipelineSpec) until its logs are
 finished. Exit codes: 0 finished; 1 the pipeline failed (one line on stderr, the details in its logs);
-3 refused because the verifier retired its owner name (at start, or while running: the registry refused
-a commit).
+3 refused its owner name (one line on stderr): the verifier retired it (at start, or while running: the
+registry refused a commit), or it belongs to another root.
 
 A fault `die_after_commit` or `die_when` in the spec kills this driver's process group (driver and JVM) and the
 Spark worker's own: start the driver in a process group of its own (`start_new_session=True`).
@@ -18,10 +18,12 @@ import sys
 import traceback
 
 from millstream.photon.liveness import OwnerRetired
+from millstream.photon.ownership import OwnerOfAnotherRoot
 from millstream.photon.pipeline import PhotonPipelineSpec, run_pipeline
 
 EXIT_FAILED = 1
-EXIT_RETIRED = 3
+EXIT_REFUSED = 3
+EXIT_RETIRED = EXIT_REFUSED  # the name it had when retirement was the only refusal
 
 
 def stopped_by_retirement(error: BaseException) -> bool:
@@ -51,9 +53,9 @@ def main(argv: list[str] | None = None) -> int:
         spec = dataclasses.replace(spec, faults=dataclasses.replace(spec.faults, kill_process_group=os.getpgrp()))
     try:
         run_pipeline(spec, timeout_s=args.timeout)
-    except OwnerRetired as refused:
+    except (OwnerRetired, OwnerOfAnotherRoot) as refused:
         print(f"photon driver {spec.owner}: {refused}", file=sys.stderr)
-        return EXIT_RETIRED
+        return EXIT_REFUSED
     except KeyboardInterrupt:
         return 130
     except Exception as error:

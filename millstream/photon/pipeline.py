@@ -28,6 +28,7 @@ from millstream.photon.eventreader import EventReader, primary_key
 from millstream.photon.faults import PhotonFaults
 from millstream.photon.liveness import OwnerHeartbeat, check_not_retired
 from millstream.photon.outputs import PipelineLayout
+from millstream.photon.ownership import claim_owner_root
 
 INJECTORS = ("queries", "clicks", "reinjected")
 REINJECTED_IDLE_AFTER_MS = 5_000  # the re-injection input, quiet this long, stops holding the dispatcher
@@ -178,15 +179,23 @@ def build_photon_pipeline(spec: PhotonPipelineSpec, adapter: JoinAdapter | None 
     return pipeline
 
 
+def check_owner_may_start(spec: PhotonPipelineSpec) -> None:
+    """Refuse to start a pipeline whose owner name the verifier retired (OwnerRetired) or that belongs
+    to another root (ownership.OwnerOfAnotherRoot); bind a new owner name to this pipeline's root."""
+    with spec.registry.open() as registry:
+        check_not_retired(registry, spec.owner)
+        claim_owner_root(registry, spec.owner, spec.layout.run_root)
+
+
 def run_pipeline(spec: PhotonPipelineSpec, *, timeout_s: float | None = None,
                  on_progress: Callable[[Any], None] | None = None) -> Any:
     """Run the pipeline of `spec` on Spark until its three logs are finished (a `_DONE` file in each
-    directory) and every click is settled; returns the runner's final progress. Refuses (OwnerRetired)
-    if the verifier retired `spec.owner`. Writes the owner's heartbeat while it runs."""
+    directory) and every click is settled; returns the runner's final progress. Refuses (OwnerRetired,
+    OwnerOfAnotherRoot: `check_owner_may_start`) before Spark starts. Writes the owner's heartbeat while
+    it runs."""
     from millstream.spark.runner import SparkRunner
 
-    with spec.registry.open() as registry:
-        check_not_retired(registry, spec.owner)
+    check_owner_may_start(spec)
     os.makedirs(spec.directory, exist_ok=True)
     pipeline = build_photon_pipeline(spec)
     runner = SparkRunner(pipeline, root=spec.layout.run_root, master=spec.master, key_groups=spec.key_groups,

@@ -13,6 +13,7 @@ from millstream.photon import (JOINED, STATS, UNJOINABLE, PhotonFaults, PhotonPi
                                build_photon_pipeline)
 from millstream.photon.credentials import move_password_to_environment
 from millstream.photon.dispatcher import sum_stats
+from millstream.photon.pipeline import check_owner_may_start
 from millstream.testing import PipelineHarness
 
 T0 = 1_700_000_000_000
@@ -45,14 +46,17 @@ class HarnessPhoton:
             dispatch_shards=shards, max_outstanding=max_outstanding, max_disorder_ms=10_000,
             faults=faults or PhotonFaults())
         self.layout = self.spec.layout
+        check_owner_may_start(self.spec)  # as run_pipeline does; the root is `layout.run_root`
         self.harness = PipelineHarness(build_photon_pipeline(self.spec, sinks=False), wall_time=wall_time)
         self._written = {JOINED: 0, UNJOINABLE: 0}
         self._batches = 0
 
     def restart(self, faults: PhotonFaults | None = None) -> "HarnessPhoton":
-        """A fresh harness on the same spec: nothing of this one's state or output is kept (as if
-        Spark had never committed anything it did)."""
+        """A fresh harness on the same spec and the same root: nothing of this one's state or output
+        is kept (as if Spark had never committed anything it did). A lost root is another thing:
+        delete `layout.run_root` and make a new HarnessPhoton, which is refused its owner name."""
         self.spec = replace(self.spec, faults=faults or PhotonFaults())
+        check_owner_may_start(self.spec)
         self.harness = PipelineHarness(build_photon_pipeline(self.spec, sinks=False), wall_time=self.harness.wall_time)
         self._written = {JOINED: 0, UNJOINABLE: 0}
         return self

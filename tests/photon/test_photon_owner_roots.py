@@ -17,6 +17,7 @@ from dataclasses import replace
 
 import pytest
 
+from millstream.photon import OwnerOfAnotherRoot
 from millstream.photon.registry import OwnerRoot
 from millstream.photon.outputs import read_sink
 from photon_pipelines import T0, HarnessPhoton, click, query
@@ -44,7 +45,7 @@ def test_a_pipeline_on_a_fresh_root_under_an_owner_name_in_use_is_refused(tmp_pa
     shutil.rmtree(a.layout.run_root, ignore_errors=True)
     with pytest.raises(RuntimeError, match="owner 'photon-a' belongs to root .*new owner name") as refused:
         HarnessPhoton(base, "photon-a", url, options)
-    assert len(str(refused.value).splitlines()) == 1
+    assert isinstance(refused.value, OwnerOfAnotherRoot) and len(str(refused.value).splitlines()) == 1
     assert union_of_joined(a) == Counter({c.key: 1 for c in clicks})
 
     # A new owner name on a fresh root is the way: it skips what photon-a joined.
