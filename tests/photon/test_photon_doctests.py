@@ -8,8 +8,8 @@ import importlib
 import pytest
 
 MODULES = ["adapter", "batching", "clock", "credentials", "dispatcher", "eventreader", "eventstore", "factory",
-           "faults", "ids", "joiner", "liveness", "outputs", "pipeline", "registry", "sharded", "sqlite_registry",
-           "verifier"]
+           "faults", "ids", "joiner", "liveness", "outputs", "ownership", "pipeline", "registry", "sharded",
+           "sqlite_registry", "verifier"]
 
 
 @pytest.mark.parametrize("name", MODULES)
