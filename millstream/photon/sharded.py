@@ -90,10 +90,10 @@ class ShardTransaction(abc.ABC):
     def owner_last_seen(self, owner: str) -> int | None: ...
 
     @abc.abstractmethod
-
     def now_ms(self) -> int:
         """The database's own clock (ms since the epoch)."""
 
+    @abc.abstractmethod
     def bind_owner(self, owner: str, root: OwnerRoot) -> OwnerRoot:
         """Insert (owner, root) unless the owner has a row; return the owner's root afterwards."""
 
