@@ -334,7 +334,6 @@ class IdRegistry(abc.ABC):
         self.heartbeat(RETIRED_PREFIX + owner)
 
     @abc.abstractmethod
-
     def bind_owner(self, owner: str, root: OwnerRoot) -> OwnerRoot:
         """Bind `owner` to `root` if it is bound to no root yet; return the root it is bound to now.
 
