@@ -31,6 +31,16 @@ def click(click_id: str, of: Record[Any] | str, at_ms: int, record_id: str | Non
     return Record(click_id, {"query_id": query_id, "ad": f"ad-{click_id}"}, at_ms, record_id or f"rec-{click_id}")
 
 
+def write_click_log(base: str, clicks: Iterable[Record[Any]]) -> str:
+    """The click log as the verifier reads it (one file, named by its creation time)."""
+    directory = os.path.join(base, "logs", "clicks")
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, f"clicks-{T0}.jsonl"), "w") as out:
+        for c in clicks:
+            out.write(json.dumps({"key": c.key, "value": c.value, "timestamp": c.timestamp, "id": c.id}) + "\n")
+    return directory
+
+
 class HarnessPhoton:
     """One redundant pipeline on the harness: owner, directory under `base`, shared registry `url`."""
 

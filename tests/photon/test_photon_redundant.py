@@ -18,24 +18,12 @@ from millstream.photon.faults import read_fault_records
 from millstream.photon.joiner import dispatch_token
 from millstream.photon.liveness import check_not_retired
 from millstream.photon.outputs import read_sink
-from photon_pipelines import T0, HarnessPhoton, click, query
+from photon_pipelines import T0, HarnessPhoton, click, query, write_click_log
 from photon_support import expected_shard
 
 
 def union_of_joined(*pipelines: HarnessPhoton) -> Counter[str]:
     return Counter(r.key for p in pipelines for r in read_sink(p.layout.joined_dir))
-
-
-def write_click_log(base: str, clicks) -> str:
-    """The click log as the verifier reads it (one file, named by its creation time)."""
-    import json
-
-    directory = os.path.join(base, "logs", "clicks")
-    os.makedirs(directory, exist_ok=True)
-    with open(os.path.join(directory, f"clicks-{T0}.jsonl"), "w") as out:
-        for c in clicks:
-            out.write(json.dumps({"key": c.key, "value": c.value, "timestamp": c.timestamp, "id": c.id}) + "\n")
-    return directory
 
 
 def test_two_pipelines_join_every_click_once_between_them(tmp_path, registry_target):

@@ -1,4 +1,4 @@
-"""The verifier and liveness against what went wrong in review: a skewed clock taken for a dead
+"""The verifier and liveness where they went wrong: a skewed clock taken for a dead
 owner, a retired pipeline that kept committing, a click reported unjoinable twice, registry failures
 during verification, and clicks the adapter filters out. Harness-level (see photon_pipelines.py)."""
 
@@ -20,23 +20,14 @@ from millstream.photon.pipeline import build_photon_pipeline
 from millstream.photon.registry import DeleteStatus, ForwardingRegistry, RegistryError, Token
 from millstream.photon.verifier import wait_until_settled
 from millstream.testing import PipelineHarness
-from photon_pipelines import T0, HarnessPhoton, click, query
-
-
-def write_click_log(base: str, clicks: list[Any]) -> str:
-    directory = os.path.join(base, "logs", "clicks")
-    os.makedirs(directory, exist_ok=True)
-    with open(os.path.join(directory, f"clicks-{T0}.jsonl"), "w") as out:
-        for c in clicks:
-            out.write(json.dumps({"key": c.key, "value": c.value, "timestamp": c.timestamp, "id": c.id}) + "\n")
-    return directory
+from photon_pipelines import T0, HarnessPhoton, click, query, write_click_log
 
 
 def joined_counts(*pipelines: HarnessPhoton) -> Counter[str]:
     return Counter(r.key for p in pipelines for r in read_sink(p.layout.joined_dir))
 
 
-# ---- F1: liveness on the registry's clock, and retired owners fenced ------------------------------
+# ---- liveness on the registry's clock, and retired owners fenced ---- ------------------------------
 
 def test_a_verifier_whose_clock_runs_ahead_retires_no_live_owner(tmp_path):
     base = str(tmp_path)
@@ -100,7 +91,7 @@ def test_a_retired_pipeline_that_is_still_running_commits_nothing_and_stops(tmp_
     assert joined_counts(a, b) == Counter({c.key: 1 for c in clicks})
 
 
-# ---- F5: a click reported unjoinable twice --------------------------------------------------------
+# ---- a click reported unjoinable twice ---- --------------------------------------------------------
 
 def write_unjoinable(layout: PipelineLayout, click_id: str, reason: str) -> None:
     os.makedirs(layout.unjoinable_dir, exist_ok=True)
@@ -122,7 +113,7 @@ def test_a_click_reported_unjoinable_twice_is_neither_consistent_nor_settled(tmp
     assert not report.consistent and not report.settled
 
 
-# ---- F8: registry failures while verifying --------------------------------------------------------
+# ---- registry failures while verifying ---- --------------------------------------------------------
 
 class FailsFirstCalls(ForwardingRegistry):
     """A registry whose first `failures` reads fail, as while a PostgreSQL server restarts."""
@@ -192,7 +183,7 @@ def test_a_registry_failure_mid_repair_still_reinjects_what_was_deleted(tmp_path
     assert deleted and deleted == reinjected  # nothing deleted is left without a re-injection
 
 
-# ---- F9: clicks the adapter filters out -----------------------------------------------------------
+# ---- clicks the adapter filters out ---- -----------------------------------------------------------
 
 class NoSpam(JoinAdapter):
     def filter(self, query: Any, click: Any) -> bool:
