@@ -192,7 +192,8 @@ class _SqliteTransaction(ShardTransaction):
         return None if row is None else int(row[0])
 
     def now_ms(self) -> int:
-        # SQLite's 'now' (the clock of the host holding the file, read by SQLite, not by Python), in ms.
+        # SQLite's 'now', in ms: SQLite has no server, so this is the clock of the machine this process
+        # runs on (one clock while every user of the file runs on one machine).
         row = self.connection.execute("SELECT CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)"
                                       ).fetchone()
         return int(row[0])
