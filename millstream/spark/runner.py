@@ -24,6 +24,7 @@ import tempfile
 import time
 import types
 import warnings
+from itertools import islice
 from typing import Any, Callable, Mapping
 
 import pyarrow.fs as pafs
@@ -740,6 +741,11 @@ def _users_module(name: str) -> bool:
         not path.startswith(sys.base_prefix)
 
 
+# Items of one container the walk below looks into: a large table a computation holds (or a global its
+# code names) is mostly items of the same few classes, and walking all of it would slow every start.
+CONTAINER_ITEMS_WALKED = 1_000
+
+
 def _modules_referenced(objects: list[Any], depth: int = 8) -> set[str]:
     """Modules of the classes, functions and modules reachable from `objects`, `depth` levels deep:
     through attributes, containers and closures; a class's bases and its methods; a function's
@@ -760,9 +766,9 @@ def _modules_referenced(objects: list[Any], depth: int = 8) -> set[str]:
             if isinstance(module, str):
                 found.add(module)
             if isinstance(obj, dict):
-                following += list(obj.values())
+                following += islice(obj.values(), CONTAINER_ITEMS_WALKED)
             elif isinstance(obj, (list, tuple, set, frozenset)):
-                following += list(obj)
+                following += islice(obj, CONTAINER_ITEMS_WALKED)
             elif isinstance(obj, (staticmethod, classmethod, property)):
                 following += [getattr(obj, name, None) for name in ("__func__", "fget", "fset")]
             elif isinstance(obj, types.MethodType):
