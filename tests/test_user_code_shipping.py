@@ -11,7 +11,8 @@ MODULES = {
     "shipping_helpers": "def doubled(n):\n    return 2 * n\n",
     "shipping_tools": "import shipping_helpers\n\n\ndef tripled(n):\n    return 3 * n\n",
     "shipping_base": ("import shipping_tools\nfrom millstream import Computation\n\n\nclass Base(Computation):\n"
-                      "    def process_record(self, ctx, record):\n        return shipping_tools.tripled(record.value)\n"),
+                      "    def process_record(self, ctx, record):\n"
+                      "        return shipping_tools.tripled(record.value)\n"),
     "shipping_user": ("from shipping_base import Base\nfrom shipping_helpers import doubled\n\n\nclass Mine(Base):\n"
                       "    def plus(self, n):\n        return [doubled(m) for m in range(n)]\n"),
 }

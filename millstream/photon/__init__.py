@@ -45,10 +45,10 @@ from millstream.photon.verifier import Verifier, VerifierReport
 
 __all__ = [
     "JOINED", "STATS", "UNJOINABLE", "ClickShard", "DispatchStats", "Dispatcher", "EventReader", "JoinAdapter",
-    "JoinBatch", "JoinRequest", "JoinResult", "JoinStatus", "Joiner", "OwnerHeartbeat", "OwnerRetired",
-    "PhotonFaults", "PhotonPipelineSpec", "PipelineDied", "PipelineLayout", "RegistrySpec", "RetryPolicy",
-    "Verifier", "VerifierReport", "build_photon_pipeline", "dispatch_token", "is_gone", "primary_key",
-    "retire_owner", "OwnerOfAnotherRoot", "claim_owner_root",
+    "JoinBatch", "JoinRequest", "JoinResult", "JoinStatus", "Joiner", "OwnerHeartbeat", "OwnerOfAnotherRoot",
+    "OwnerRetired", "PhotonFaults", "PhotonPipelineSpec", "PipelineDied", "PipelineLayout", "RegistrySpec",
+    "RetryPolicy", "Verifier", "VerifierReport", "build_photon_pipeline", "claim_owner_root", "dispatch_token",
+    "is_gone", "primary_key", "retire_owner",
     "BatchingRegistry", "BatchingStats", "CachedEventStore", "Claim", "CommitOutcome", "CommitStatus",
     "CommitTimeout", "DeleteStatus", "Event", "EventId", "EventIdGenerator", "EventLogWriter", "EventStore",
     "EventStoreStats", "GcResult", "IdRegistry", "LogEventStore", "LookupResult", "OwnerRoot", "PostgresRegistry",

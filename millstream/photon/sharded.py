@@ -25,9 +25,9 @@ from typing import Any, Callable, Generic, Mapping, Sequence, TypeVar
 
 from millstream.photon.clock import Clock
 from millstream.photon.registry import (RETIRED_PREFIX, Claim, CommitOutcome, DeleteStatus, GcResult, IdRegistry,
-                                        LookupResult, OwnerRetired, OwnerRoot, RegistryError, ReshardRefused, ShardingConfig,
-                                        ShardingEntry, Token, first_live_claims, next_sharding_entry,
-                                        resolve_batch)
+                                        LookupResult, OwnerRetired, OwnerRoot, RegistryError, ReshardRefused,
+                                        ShardingConfig, ShardingEntry, Token, first_live_claims,
+                                        next_sharding_entry, resolve_batch)
 
 T = TypeVar("T")
 C = TypeVar("C")

@@ -189,11 +189,13 @@ def unread_streams(pipeline: "Pipeline", producer: str) -> frozenset[str]:
     """
     if producer not in pipeline.computations:
         return frozenset()
-    read = {sink.stream for sink in pipeline.sinks.values()}
-    for name, node in pipeline.computations.items():
-        # A computation reading dead letters does not receive its own.
-        read.update(stream for stream in node.inputs if not (stream == DEAD_LETTERS and name == producer))
-    return frozenset(pipeline.outputs(producer)) - read
+    sunk = {sink.stream for sink in pipeline.sinks.values()}
+
+    def read(stream: str) -> bool:  # (a computation reading dead letters does not receive its own)
+        return stream in sunk or any(reader != producer or stream != DEAD_LETTERS
+                                     for reader in pipeline.consumers(stream))
+
+    return frozenset(stream for stream in pipeline.outputs(producer) if not read(stream))
 
 
 def _log_senders(plan: ComputationPlan, producer: str) -> list[str]:

@@ -390,7 +390,8 @@ class PhotonDemo:
             try:
                 report = verifier.run()
             except REGISTRY_FAILURES as error:  # a registry restarting: the next round tries again
-                self.note(f"verifier: the registry failed ({type(error).__name__}); trying again in {VERIFY_EVERY_S:g} s")
+                self.note(f"verifier: the registry failed ({type(error).__name__}); trying again in "
+                          f"{VERIFY_EVERY_S:g} s")
                 self._check_drivers(dead)
                 self._deadline_check()
                 time.sleep(VERIFY_EVERY_S)
