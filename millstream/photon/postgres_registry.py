@@ -13,11 +13,23 @@ claimed with one statement per shard it touches, in one transaction:
 which returns exactly the ids that are the caller's (absent before, or already held by the same
 token: the lost-reply retry). Credentials come from the DSN or libpq's environment (PGPASSWORD,
 PGPASSFILE, ...) and never appear in a repr or an error raised here.
+
+No call waits for ever. The server ends a statement after `statement_timeout_s` (a lock another
+session holds, a slow disk) and a session idle inside a transaction for twice that (a client paused
+while holding locks its peers wait for); a server process that does not run at all (stopped, or a
+peer gone without a reset) cannot time itself out, so the client cuts a transaction's connection
+after `transaction_deadline_s`. Each ends the attempt with an OperationalError: the transaction is
+retried on a new connection, and a call that keeps failing is a registry failure the dispatcher
+retries later.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import socket
+import threading
+import time
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
@@ -30,6 +42,81 @@ if TYPE_CHECKING:
     import psycopg
 
 _NAMESPACE = re.compile(r"[a-z_][a-z0-9_]{0,40}")
+
+
+def transaction_deadline_s(statement_timeout_s: float) -> float:
+    """How long the client lets a transaction run before it cuts the connection: a transaction is a
+    few statements, each of which the server ends at `statement_timeout_s`, so the server's own
+    timeout, which leaves the connection usable, comes first whenever the server runs.
+
+    >>> transaction_deadline_s(5.0)
+    16.0
+    """
+    return 3 * statement_timeout_s + 1
+
+
+class _Watchdog:
+    """Cuts the socket of a connection whose transaction outlives `seconds` (the blocked call then
+    fails as a dropped connection does). One thread per registry, started on first use and stopped
+    by `close`; a cut never falls after the transaction's end (both hold the same lock).
+
+    >>> import socket as s
+    >>> ours, theirs = s.socketpair()
+    >>> watchdog = _Watchdog(0.05)
+    >>> with watchdog.watching(ours.fileno()):
+    ...     ours.recv(1)  # blocked: the peer never sends
+    b''
+    >>> watchdog.close(); ours.close(); theirs.close()
+    """
+
+    def __init__(self, seconds: float) -> None:
+        self._seconds = seconds
+        self._watched: dict[int, tuple[float, int]] = {}  # id of the entry -> (deadline, socket's fd)
+        self._next_entry = 0
+        self._changed = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    @contextmanager
+    def watching(self, fd: int) -> Iterator[None]:
+        with self._changed:
+            entry, self._next_entry = self._next_entry, self._next_entry + 1
+            self._watched[entry] = (time.monotonic() + self._seconds, fd)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="registry-watchdog", daemon=True)
+                self._thread.start()
+            elif len(self._watched) == 1:
+                self._changed.notify()  # the thread waits without a deadline while nothing is watched
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._watched.pop(entry, None)  # gone already if it was cut
+
+    def close(self) -> None:
+        with self._changed:
+            self._closed = True
+            self._changed.notify()
+
+    def _run(self) -> None:
+        with self._changed:
+            while not self._closed:
+                now = time.monotonic()
+                for entry, (deadline, fd) in list(self._watched.items()):
+                    if deadline <= now:
+                        del self._watched[entry]
+                        _cut(fd)
+                earliest = min((deadline for deadline, _ in self._watched.values()), default=None)
+                self._changed.wait(None if earliest is None else max(0.0, earliest - now))
+
+
+def _cut(fd: int) -> None:
+    """Shut the socket `fd` down both ways: a call blocked on it returns at once."""
+    try:
+        with socket.socket(fileno=os.dup(fd)) as peer:
+            peer.shutdown(socket.SHUT_RDWR)
+    except OSError:  # already closed: nothing to cut
+        pass
 
 
 def redact_dsn(dsn: str) -> str:
@@ -80,13 +167,17 @@ class PostgresRegistry(ShardedSqlRegistry):
     """
 
     def __init__(self, dsn: str, *, namespace: str = "photon", initial_shards: int = 4,
-                 clock: Clock | None = None, connect_timeout_s: int = 10) -> None:
+                 clock: Clock | None = None, connect_timeout_s: int = 10, statement_timeout_s: float = 5.0) -> None:
         super().__init__(clock)
         if not _NAMESPACE.fullmatch(namespace):
             raise ValueError("namespace must be lower-case letters, digits and underscores (at most 41)")
+        if not statement_timeout_s > 0:
+            raise ValueError(f"statement_timeout_s must be positive, got {statement_timeout_s!r}")
         self._dsn = dsn
         self.namespace = namespace
         self._connect_timeout_s = connect_timeout_s
+        self._statement_timeout_ms = max(1, round(statement_timeout_s * 1000))
+        self._watchdog = _Watchdog(transaction_deadline_s(statement_timeout_s))
         self._config_cache: dict[str, ShardingConfig] = {}
         self._connections: PerThreadConnections["psycopg.Connection[Any]"] = PerThreadConnections(
             self._connect, lambda connection: connection.close())
@@ -101,7 +192,10 @@ class PostgresRegistry(ShardedSqlRegistry):
         try:
             # autocommit: transactions are opened explicitly by `_transaction`, so a connection is
             # never left idle inside a transaction holding locks.
-            return psycopg.connect(self._dsn, autocommit=True, connect_timeout=self._connect_timeout_s)
+            return psycopg.connect(self._dsn, autocommit=True, connect_timeout=self._connect_timeout_s,
+                                   application_name=f"millstream-photon:{self.namespace}",
+                                   options=f"-c statement_timeout={self._statement_timeout_ms} "
+                                           f"-c idle_in_transaction_session_timeout={2 * self._statement_timeout_ms}")
         except psycopg.Error as error:
             raise RegistryError(f"cannot connect to {redact_dsn(self._dsn)}: "
                                 f"{_scrub(str(error), self._dsn)}") from None
@@ -135,7 +229,7 @@ class PostgresRegistry(ShardedSqlRegistry):
 
         connection = self._connections.get()
         try:
-            with connection.transaction():
+            with self._watchdog.watching(connection.fileno()), connection.transaction():
                 yield _PostgresTransaction(connection, self.namespace, mode, self._config_cache)
         except psycopg.OperationalError:
             # The connection may be dead (server restart, network): the retry gets a new one.
@@ -153,6 +247,7 @@ class PostgresRegistry(ShardedSqlRegistry):
 
     def close(self) -> None:
         self._connections.close_all()
+        self._watchdog.close()
 
     def drop(self) -> None:
         """Delete this namespace's tables (tests and benchmarks clean up with it)."""
