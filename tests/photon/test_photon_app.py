@@ -179,3 +179,42 @@ def test_the_demo_forgets_old_ids_only_once_no_live_pipeline_holds_a_click_for_a
     thread.join(timeout=30)
     assert Registry.held_at_gc == [False]
     assert set(gc["replayed"]) == {c.key for c in old}
+
+
+def test_a_postgresql_namespace_of_an_earlier_run_is_refused_up_front_or_replaced_with_fresh(tmp_path, postgres_server):
+    """A second demo run on a kept PostgreSQL namespace started Spark, and its drivers then refused
+    (their owner names belonged to the first run's roots, exit 3), or joined nothing (the same seed's
+    clicks registered already). Now the command refuses in one line before anything starts, and
+    --fresh replaces the earlier run's registry along with its data dir; a namespace bound to roots
+    outside the data dir is never dropped."""
+    from millstream.apps.photon.__main__ import forget_earlier_registry, parse_args, validate
+    from millstream.console.options import UsageError
+    from millstream.photon import OwnerRoot, PostgresRegistry
+
+    namespace = "t_demo_again"
+    data_dir = tmp_path / "photon"
+    earlier = PostgresRegistry(postgres_server.dsn(), namespace=namespace)
+    earlier.bind_owner("photon-a", OwnerRoot("r1", str(data_dir / "photon-a" / "root")))
+    earlier.close()
+    data_dir.mkdir()
+    (data_dir / "data.json").write_text("{}")  # the earlier run's data dir, as the demo marks it
+    flags = ["--data-dir", str(data_dir), "--registry", postgres_server.dsn(), "--registry-namespace", namespace]
+
+    with pytest.raises(UsageError, match="--registry-namespace t_demo_again .*another data dir"):
+        validate(parse_args(["--data-dir", str(tmp_path / "another"), *flags[2:]]))
+    (data_dir / "data.json").unlink()
+    data_dir.rmdir()  # the earlier run's data dir deleted by hand, its registry kept
+    with pytest.raises(UsageError, match="--registry-namespace t_demo_again .*earlier run.*--fresh"):
+        validate(parse_args(flags))
+
+    args = parse_args([*flags, "--fresh"])
+    validate(args)  # the earlier run's own registry: --fresh may replace it
+    forget_earlier_registry(args)
+    with PostgresRegistry(postgres_server.dsn(), namespace=namespace) as again:
+        assert again.bind_owner("photon-a", OwnerRoot("r2", "/new")).root_id == "r2"  # forgotten: bound anew
+        again.bind_owner("photon-x", OwnerRoot("r3", str(tmp_path / "someone-else")))
+    with pytest.raises(UsageError, match="another data dir"):
+        validate(parse_args([*flags, "--fresh"]))
+    with PostgresRegistry(postgres_server.dsn(), namespace=namespace) as kept:
+        assert kept.bind_owner("photon-x", OwnerRoot("r4", "/x")).root_id == "r3"  # not dropped
+        kept.drop()

@@ -92,7 +92,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--trigger-ms", type=positive_int, default=250,
                         help="micro-batch trigger interval of each pipeline (default %(default)s)")
     parser.add_argument("--data-dir", default="./photon-data", help="where everything is kept (default %(default)s)")
-    parser.add_argument("--fresh", action="store_true", help="delete the data dir of a previous run first")
+    parser.add_argument("--fresh", action="store_true", help="delete the data dir of a previous run (and its PostgreSQL registry namespace) first")
     parser.add_argument("--timeout", type=positive_float, default=None, help="give up after this many seconds")
     args = parser.parse_args(argv)
     for name, value in (SMALL if args.small else FULL).items():
@@ -130,6 +130,7 @@ def validate(args: argparse.Namespace) -> PhotonDataConfig:
         raise UsageError(f"--data-dir {args.data_dir} holds {what}; add --fresh to replace a previous run, or pick "
                          "another directory")
     check_registry(registry_url(args))
+    check_earlier_registry(args)
     check_master(args.master)
     try:
         return PhotonDataConfig(seed=args.seed, seconds=args.seconds, queries_per_second=args.qps,
@@ -163,6 +164,61 @@ def check_registry(url: str) -> None:
         raise UsageError(f"--registry {redact_dsn(url)}: cannot connect ({reason})") from None
 
 
+def earlier_roots(url: str, namespace: str) -> list[str] | None:
+    """The pipeline roots the PostgreSQL registry namespace `namespace` binds owner names to (an
+    earlier run's), or None if the namespace holds no registry."""
+    import psycopg
+
+    with psycopg.connect(url, connect_timeout=5) as connection:
+        found = connection.execute("SELECT to_regclass(%s) IS NOT NULL, to_regclass(%s) IS NOT NULL",
+                                   (f'"{namespace}_meta"', f'"{namespace}_owner_roots"')).fetchone()
+        registry, owner_roots = found or (False, False)
+        if not registry:
+            return None
+        if not owner_roots:
+            return []
+        return [row[0] for row in connection.execute(f'SELECT location FROM "{namespace}_owner_roots"')]
+
+
+def check_earlier_registry(args: argparse.Namespace) -> None:
+    """Refuse a PostgreSQL namespace holding an earlier run's registry, before anything starts: its
+    owner names belong to that run's roots (the drivers would refuse to start) and its ids to that
+    run's clicks (the same seed's clicks would all be taken). --fresh replaces the earlier run of
+    this data dir, registry included; a registry bound to roots elsewhere is never dropped."""
+    url = registry_url(args)
+    if url.startswith("sqlite:///"):
+        return  # inside the data dir: --fresh deletes it, a new data dir has none
+    roots = earlier_roots(url, args.registry_namespace)
+    if roots is None:
+        return
+    from millstream.photon.postgres_registry import redact_dsn
+
+    where = f"--registry-namespace {args.registry_namespace} on {redact_dsn(url)}"
+    data_dir = os.path.realpath(args.data_dir)
+    foreign = sorted({root for root in roots
+                      if os.path.commonpath([data_dir, os.path.realpath(root)]) != data_dir})
+    if foreign:
+        raise UsageError(f"{where} holds the registry of pipelines on another data dir ({foreign[0]}); pick "
+                         "another --registry-namespace, or drop its tables if that run is over")
+    if not args.fresh:
+        raise UsageError(f"{where} holds the registry of an earlier run; add --fresh (with that run's --data-dir) "
+                         "to replace it, or pick another --registry-namespace")
+
+
+def forget_earlier_registry(args: argparse.Namespace) -> None:
+    """For --fresh: drop the earlier run's PostgreSQL registry (check_earlier_registry allowed it)."""
+    url = registry_url(args)
+    if url.startswith("sqlite:///") or earlier_roots(url, args.registry_namespace) is None:
+        return
+    from millstream.photon import PostgresRegistry
+
+    registry = PostgresRegistry(url, namespace=args.registry_namespace)
+    try:
+        registry.drop()
+    finally:
+        registry.close()
+
+
 def main(argv: list[str] | None = None) -> int:
     quiet_library_warnings()
     return run_command(lambda: _main(argv), PROG)
@@ -176,6 +232,7 @@ def _main(argv: list[str] | None) -> int:
     url = move_password_to_environment(registry_url(args))  # the drivers inherit PGPASSWORD
     if args.fresh:
         delete_for_fresh_start(args.data_dir, MARKER, "a Photon data dir")
+        forget_earlier_registry(args)
     os.makedirs(args.data_dir, exist_ok=True)
     open(os.path.join(args.data_dir, MARKER), "w").close()  # replaced by the config once the traffic starts
     options = DemoOptions(
