@@ -52,7 +52,7 @@ from millstream.photon.factory import open_registry
 from millstream.photon.faults import PhotonFaults
 from millstream.photon.joiner import (REGISTRY_FAILURES, UNJOINABLE_ATTEMPT, JoinBatch, Joiner, JoinRequest,
                                       JoinStatus, claims_same_record, dispatch_token)
-from millstream.photon.registry import IdRegistry, LookupResult
+from millstream.photon.registry import IdRegistry, LookupResult, OpenedOnFirstUse
 
 JOINED = "joined"
 UNJOINABLE = "unjoinable"
@@ -243,12 +243,13 @@ class Dispatcher(Computation):
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["_registry"] = state["_joiner"] = None  # clients are opened in setup(), where it runs
+        state["_registry"] = state["_joiner"] = None  # clients are made in setup(), where it runs
         return state
 
     # -- lifecycle ------------------------------------------------------------------------------
     def setup(self, info: ComputationInfo) -> None:
-        self._registry = self.faults.wrap(self.registry.open())
+        # Opened on first use: a registry down while a worker starts is an outage like any other.
+        self._registry = self.faults.wrap(OpenedOnFirstUse(self.registry.open))
         self._joiner = Joiner(self._registry, open_event_store(self.event_store_dir, self.max_disorder_ms),
                               self.adapter, max_outstanding=self.max_outstanding)
 

@@ -15,7 +15,7 @@ import enum
 import json
 import zlib
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 from millstream.model.records import BEGINNING_OF_TIME
 from millstream.photon.clock import wall_clock_ms
@@ -417,3 +417,41 @@ class ForwardingRegistry(IdRegistry):
 
     def close(self) -> None:
         self.backend.close()
+
+
+class OpenedOnFirstUse(ForwardingRegistry):
+    """A registry opened by `open` at its first call, and at each call after while opening fails:
+    a worker that starts while the registry is unreachable waits for it like any other outage
+    (each call raises what opening raised: a registry failure, retried later) instead of failing
+    its set-up.
+
+    >>> import tempfile, os
+    >>> from millstream.photon import open_registry
+    >>> path, opened = os.path.join(tempfile.mkdtemp(), "ids.db"), []
+    >>> registry = OpenedOnFirstUse(lambda: opened.append(1) or open_registry("sqlite:///" + path))
+    >>> opened
+    []
+    >>> registry.lookup({"c1": 1})["c1"].registered, opened
+    (False, [1])
+    >>> registry.close()
+    """
+
+    def __init__(self, open: Callable[[], IdRegistry]) -> None:  # noqa: A002 - the registry's open
+        self._open = open
+        self._backend: IdRegistry | None = None
+
+    @property
+    def backend(self) -> IdRegistry:
+        if self._backend is None:
+            self._backend = self._open()
+        return self._backend
+
+    @backend.setter
+    def backend(self, registry: IdRegistry) -> None:
+        self._backend = registry
+
+    def close(self) -> None:
+        if self._backend is not None:
+            self._backend.close()
+            self._backend = None
+

@@ -241,3 +241,36 @@ def test_a_click_the_adapter_cannot_read_is_reported_unjoinable_once_and_the_oth
     assert sorted([*a.joined(), *b.joined()]) == [f"c-{n}" for n in range(5)]
     reasons = [*a.unjoinable().items(), *b.unjoinable().items()]
     assert len(reasons) == 1 and reasons[0][0] == "c-bad" and reasons[0][1].startswith("malformed: KeyError")
+
+
+def test_a_registry_down_when_a_worker_sets_the_dispatcher_up_is_waited_for(tmp_path, monkeypatch):
+    """The registry unreachable when a worker set the dispatcher up (setup() opened it) failed the
+    set-up, and with it the step (on Spark, the query): an outage at the wrong moment stopped the
+    pipeline, where one during a step only delays clicks. Now the registry is opened on first use, and
+    again at each use while it fails; its clicks wait as in any outage and join once it is back."""
+    from millstream.photon.dispatcher import RegistrySpec
+    from millstream.photon.pipeline import build_photon_pipeline
+    from millstream.testing import PipelineHarness
+
+    real_open = RegistrySpec.open
+    down = {"now": False}
+
+    def open_unless_down(spec):
+        if down["now"]:
+            raise RegistryError("connection refused (the test's outage)")
+        return real_open(spec)
+
+    monkeypatch.setattr(RegistrySpec, "open", open_unless_down)
+    photon = HarnessPhoton(str(tmp_path), "photon-a", registry_url(tmp_path), shards=1)  # the driver's checks pass
+    down["now"] = True
+    photon.harness = PipelineHarness(build_photon_pipeline(photon.spec, sinks=False), wall_time=T0)  # a worker's set-up
+    queries = [query(n, T0 - 5_000 + 10 * n) for n in range(5)]
+    photon.feed("queries", queries)
+    photon.feed("clicks", [click(f"c-{n}", queries[n], T0 + n) for n in range(5)])
+    photon.at(T0 + 1_000)
+    assert not photon.joined() and len(photon.pending()) == 5
+    assert all(entry["reason"] == "registry_unavailable" for entry in photon.pending().values())
+    down["now"] = False
+    for moment in range(T0 + 1_500, T0 + 12_000, 500):
+        photon.at(moment)
+    assert sorted(photon.joined()) == [f"c-{n}" for n in range(5)] and not photon.pending()
