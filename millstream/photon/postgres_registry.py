@@ -334,8 +334,10 @@ class _PostgresTransaction(ShardTransaction):
         row = self.execute(f"SELECT max(event_time_ms) FROM {self._table(shard)}").fetchone()
         return None if row is None or row[0] is None else int(row[0])
 
-    def delete_older_than(self, shard: int, boundary_ms: int) -> int:
-        return self.execute(f"DELETE FROM {self._table(shard)} WHERE event_time_ms < %s", (boundary_ms,)).rowcount
+    def delete_older_than(self, shard: int, boundary_ms: int, limit: int) -> int:
+        table = self._table(shard)
+        return self.execute(f"DELETE FROM {table} WHERE id IN "
+                            f"(SELECT id FROM {table} WHERE event_time_ms < %s LIMIT %s)", (boundary_ms, limit)).rowcount
 
     def touch_owner(self, owner: str, now_ms: int) -> None:
         self.execute(f'INSERT INTO "{self._ns}_owners" AS o (owner, last_seen_ms) VALUES (%s, %s) '

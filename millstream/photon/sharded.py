@@ -81,7 +81,8 @@ class ShardTransaction(abc.ABC):
     def latest_event_time(self, shard: int) -> int | None: ...
 
     @abc.abstractmethod
-    def delete_older_than(self, shard: int, boundary_ms: int) -> int: ...
+    def delete_older_than(self, shard: int, boundary_ms: int, limit: int) -> int:
+        """Delete at most `limit` of the shard's ids older than `boundary_ms`; how many went."""
 
     @abc.abstractmethod
     def touch_owner(self, owner: str, now_ms: int) -> None: ...
@@ -174,6 +175,9 @@ class ShardedSqlRegistry(IdRegistry):
     # is retried this many times in all. Retrying a commit is safe even when the failed attempt did
     # commit and only its reply was lost: the same token is told COMMITTED again.
     retry_attempts = 5
+    # GC deletes a shard's ids behind the boundary this many per transaction: each deletion stays
+    # well within a statement timeout, and holds the shard's rows only briefly.
+    gc_delete_chunk = 50_000
 
     def __init__(self, clock: Clock | None = None) -> None:
         # Tests inject a clock; by default time is the database's own (see `now_ms`).
@@ -320,12 +324,16 @@ class ShardedSqlRegistry(IdRegistry):
         # behind it. The rows behind it can then go in ordinary transactions, one shard at a time,
         # without holding commits up for the whole deletion.
         meta = self._run(LockMode.EXCLUSIVE, move_boundary)
-        deleted = 0
+        deleted, chunk = 0, self.gc_delete_chunk
         for shard in range(meta.sharding.max_shard_count):
             def delete_behind(txn: ShardTransaction, shard: int = shard) -> int:
-                return txn.delete_older_than(shard, meta.gc_boundary_ms)
+                return txn.delete_older_than(shard, meta.gc_boundary_ms, chunk)
 
-            deleted += self._run(LockMode.SHARED, delete_behind)
+            while True:
+                gone = self._run(LockMode.SHARED, delete_behind)
+                deleted += gone
+                if gone < chunk:
+                    break
         return GcResult(meta.gc_boundary_ms, deleted)
 
     def gc_boundary(self) -> int:

@@ -178,8 +178,10 @@ class _SqliteTransaction(ShardTransaction):
         row = self.connection.execute(f"SELECT max(event_time_ms) FROM {_table(shard)}").fetchone()
         return None if row[0] is None else int(row[0])
 
-    def delete_older_than(self, shard: int, boundary_ms: int) -> int:
-        cursor = self.connection.execute(f"DELETE FROM {_table(shard)} WHERE event_time_ms < ?", (boundary_ms,))
+    def delete_older_than(self, shard: int, boundary_ms: int, limit: int) -> int:
+        table = _table(shard)
+        cursor = self.connection.execute(f"DELETE FROM {table} WHERE id IN "
+                                         f"(SELECT id FROM {table} WHERE event_time_ms < ? LIMIT ?)", (boundary_ms, limit))
         return cursor.rowcount
 
     def touch_owner(self, owner: str, now_ms: int) -> None:

@@ -152,3 +152,23 @@ def _run_with_alarm(call, seconds: int):
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, before)
+
+
+def test_gc_of_a_large_shard_stays_within_the_statement_timeout(postgres_server):
+    """GC deleted a shard's ids behind the boundary in one statement, which the statement timeout
+    ends on a large shard: the deletion failed, every retry again. It now deletes in bounded
+    chunks, each its own transaction."""
+    import psycopg
+
+    namespace = "t_gc_large"
+    with PostgresRegistry(postgres_server.dsn(), namespace=namespace, initial_shards=1,
+                          statement_timeout_s=0.05) as registry:
+        registry.gc_delete_chunk = 5_000
+        with psycopg.connect(postgres_server.dsn(), autocommit=True) as loader:
+            loader.execute(f'INSERT INTO "{namespace}_shard_0" '
+                           "SELECT 'click-' || n, %s, n FROM generate_series(1, 400000) n", (Token("j", "1").encode(),))
+        result = registry.gc(300_001)
+        assert (result.boundary_ms, result.deleted) == (300_001, 300_000)
+        left = registry.lookup({"click-300000": 300_000, "click-300001": 300_001, "click-400000": 400_000})
+        assert [left[c].registered for c in ("click-300001", "click-400000")] == [True, True]
+        registry.drop()
