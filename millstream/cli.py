@@ -118,14 +118,19 @@ def rescale_root(args: argparse.Namespace) -> int:
     if not Storage(root).exists(LAYOUT_FILE):
         raise UsageError(f"{args.root} is not a millstream root (no {LAYOUT_FILE})")
     check_master(args.master)
-    from millstream.spark.rescale import RescaleError, rescale
+    from millstream.spark.fencing import RootInUse
+    from millstream.spark.rescale import RescaleError, check_not_in_use, rescale
     from millstream.spark.session import create_session
 
+    try:
+        check_not_in_use(root)  # before Spark starts: it takes seconds
+    except RootInUse as error:
+        raise UsageError(str(error)) from None
     log_path = os.path.join(root, "spark.log") if local else None
     spark = create_session(args.master, "millstream-rescale", log_path=log_path)
     try:
         done = rescale(spark, root, args.parallelism, args.computation)
-    except RescaleError as error:
+    except (RescaleError, RootInUse) as error:
         raise UsageError(str(error)) from None
     finally:
         spark.stop()

@@ -49,6 +49,7 @@ from millstream.spark.progress import ComputationProgress, PipelineProgress, rea
 from millstream.spark.publog import CLAIM, Fenced, FencedWriter, PublicationLog
 from millstream.spark.resume import computation_refusals, parallelism_kept, sink_refusals
 from millstream.spark.retention import DEFAULT_RETAIN_LOGS_S, LogRetention
+from millstream.spark.rescale import check_no_unfinished_rescale
 from millstream.spark.rootfiles import LAYOUT_FILE, read_status_history, wake_file
 from millstream.spark.sinks import SinkDelivery, SinkError, check_sink_formats, sink_deliverers
 from millstream.spark.session import cluster_parallelism, hide_pandas_3_warning
@@ -350,7 +351,11 @@ class SparkRunner:
                 f"{self.storage.describe()} is in use by another driver ({holder.describe()}); stop it first, or "  # type: ignore[union-attr]
                 "pass takeover=True to fence it and take over")
         strong = [name for name in self.plans if name not in self._fused_into]
-        claimed = [c["epoch"] for c in (PublicationLog(self.root, n).last_claim() for n in strong) if c is not None]
+        claims = {n: PublicationLog(self.root, n).last_claim() for n in strong}
+        for name, claim in claims.items():
+            if claim is not None:
+                check_no_unfinished_rescale(self.root, name, str(claim["checkpoint"]))
+        claimed = [c["epoch"] for c in claims.values() if c is not None]
         self.epoch = max([holder.epoch if holder else 0, *claimed]) + 1
         if not live:
             for name in strong:

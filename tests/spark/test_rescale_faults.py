@@ -1,0 +1,144 @@
+"""`millstream rescale` under faults: a rescale killed part-way is finished by running it again, and a
+rescale never shares its root with a running driver. Ground truth: rescale_driver.expected_counts,
+plain Python."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+import rescale_driver  # noqa: E402
+
+EVENTS = 2_000
+
+
+def _env(kill_at=None):
+    env = {**os.environ, "PYTHONPATH": REPO}
+    env.pop("MILLSTREAM_KILL_AT", None)
+    if kill_at:
+        env["MILLSTREAM_KILL_AT"] = kill_at
+    return env
+
+
+def _drive(root, events=EVENTS, kill_at=None, parallelism=None, rate=200.0):
+    command = [sys.executable, os.path.join(HERE, "rescale_driver.py"), "--root", str(root), "--events", str(events),
+               "--rate", str(rate)]
+    if parallelism:
+        command += ["--parallelism", str(parallelism)]
+    return subprocess.run(command, cwd=REPO, env=_env(kill_at), capture_output=True, text=True, timeout=600,
+                          start_new_session=True)
+
+
+def _kill_rescale_once_spark_planned_it(root, checkpoint, parallelism):
+    """`millstream rescale` in a process of its own, killed once Spark logged the repartition batch's
+    offsets (it writes them first, then the state, then the commit, seconds apart)."""
+    committed = max(int(n) for n in os.listdir(os.path.join(checkpoint, "commits")) if n.isdigit())
+    target = os.path.join(checkpoint, "offsets", str(committed + 1))
+    started = time.time()
+    process = subprocess.Popen([sys.executable, "-m", "millstream", "rescale", str(root), "--parallelism",
+                                str(parallelism), "--master", "local[1]"], cwd=REPO, env=_env(),
+                               start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    while process.poll() is None:
+        if os.path.exists(target) and os.stat(target).st_mtime >= started:
+            os.killpg(process.pid, signal.SIGKILL)
+            break
+        time.sleep(0.02)
+    process.wait()
+    assert process.returncode == -9, "the rescale ended before it could be killed"
+    assert not os.path.exists(os.path.join(checkpoint, "commits", str(committed + 1)))
+
+
+def test_a_rescale_killed_part_way_is_finished_by_running_it_again(spark, tmp_path):
+    """Killed after Spark logged its repartition batch, a rescale left a root no command repaired:
+    running it again read the unfinished batch's partition count, said "1 -> 1" and did nothing, and
+    every start failed on Spark's unfinished repartition. Running it again now finishes it."""
+    from millstream.spark.rescale import checkpoint_of, rescale
+    from millstream.spark.runner import SparkRunner
+
+    root = tmp_path / "root"
+    stopped = _drive(root, kill_at="published@count:3", parallelism=2)
+    assert stopped.returncode == -9, stopped.stdout + stopped.stderr[-3000:]
+    checkpoint = checkpoint_of(str(root), "count")
+    _kill_rescale_once_spark_planned_it(root, checkpoint, 1)
+    refused = _drive(root)
+    assert refused.returncode != 0 and f"--computation count --parallelism 1" in refused.stderr, refused.stderr[-2000:]
+
+    again = rescale(spark, str(root), 1)
+    assert again == {"count": (2, 1)}
+    resumed = _drive(root)
+    assert resumed.returncode == 0, f"rescale again said {again}; the resumed run failed:\n{resumed.stderr[-1500:]}"
+    reader = SparkRunner(rescale_driver.pipeline(EVENTS, 200.0), root=str(root), spark=spark, retain_logs_s=None)
+    got = sorted((r.key, r.value[0], r.value[1]) for r in reader.read_stream("counts"))
+    assert got == rescale_driver.expected_counts(EVENTS)
+
+
+@pytest.fixture(scope="module")
+def stopped_root(tmp_path_factory):
+    """A stopped root whose strong computation keeps its state in 2 partitions."""
+    root = tmp_path_factory.mktemp("in-use") / "root"
+    done = _drive(root, events=300, parallelism=2, rate=300.0)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return str(root)
+
+
+def test_the_rescale_command_refuses_a_root_in_use_in_one_line_before_starting_spark(stopped_root):
+    """It ended in a Python traceback (RootInUse), exit code 1, after starting a Spark session."""
+    from millstream.spark.fencing import LEASE_FILE, Holder
+
+    lease = os.path.join(stopped_root, LEASE_FILE)
+    with open(lease) as data:
+        released = data.read()
+    with open(lease, "w") as data:  # what a running driver's heartbeat keeps there: a live process (this one)
+        json.dump(asdict(Holder.me(99)), data)
+    try:
+        started = time.time()
+        done = subprocess.run([sys.executable, "-m", "millstream", "rescale", stopped_root, "--parallelism", "1",
+                               "--master", "local[1]"], cwd=REPO, env=_env(), capture_output=True, text=True,
+                              timeout=300)
+        took = time.time() - started
+    finally:
+        with open(lease, "w") as data:
+            data.write(released)
+    errors = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 2 and len(errors) == 1 and "in use" in errors[0], (
+        f"exit code {done.returncode}, stderr:\n" + "\n".join(errors[-12:]))
+    assert not os.path.exists(os.path.join(stopped_root, "spark.log")) or took < 8, "a Spark session was started"
+
+
+def test_a_driver_starting_while_a_rescale_runs_is_refused(stopped_root):
+    """rescale() checked the lease once and never held it: a driver started while Spark repartitioned
+    the checkpoint claimed the root, and both worked on one checkpoint."""
+    from millstream.spark.fencing import RootInUse
+    from millstream.spark.rescale import rescale
+    from millstream.spark.runner import SparkRunner
+
+    outcome = {}
+
+    class Manager:
+        """Spark's checkpoint manager, standing in: while it repartitions, a driver tries to start."""
+
+        def repartition(self, checkpoint, partitions):
+            driver = SparkRunner(rescale_driver.pipeline(300, 300.0), root=stopped_root, retain_logs_s=None)
+            try:
+                driver.claim()
+                outcome["claimed"] = f"epoch {driver.epoch}"
+                driver.lease.release()
+            except RootInUse as refused:
+                outcome["refused"] = str(refused)
+
+    class Session:
+        _streamingCheckpointManager = Manager()
+
+    rescale(Session(), stopped_root, 1)
+    assert "refused" in outcome, f"a driver claimed the root ({outcome.get('claimed')}) during the repartition"
+    driver = SparkRunner(rescale_driver.pipeline(300, 300.0), root=stopped_root, retain_logs_s=None)
+    driver.claim()  # the rescale over, the root is free at once
+    driver.lease.release()
