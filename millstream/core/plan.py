@@ -13,7 +13,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Collection
 
 import xxhash
 
@@ -192,14 +192,18 @@ class ComputationPlan:
         return {name: spec.ttl_ms for name, spec in self.state_specs.items() if spec.ttl_ms is not None}
 
 
-def plan_computation(pipeline: Pipeline, name: str, key_groups: int = DEFAULT_KEY_GROUPS) -> ComputationPlan:
+def plan_computation(pipeline: Pipeline, name: str, key_groups: int = DEFAULT_KEY_GROUPS,
+                     fused: Collection[str] = ()) -> ComputationPlan:
+    """`name`'s plan. `fused`: computations run inside their consumer's Spark query (weak
+    productions, Pipeline.weak_fusions), which publish no log of their own: their dead letters
+    travel in their consumer's, so a reader of dead letters has no sender for them."""
     pipeline.validate()
     node = pipeline.computations[name]
     inputs = []
     for stream, extractor in sorted(node.inputs.items()):
         senders = []
         for producer in pipeline.producers(stream):
-            if stream == DEAD_LETTERS and producer == name:
+            if stream == DEAD_LETTERS and (producer == name or producer in fused):
                 continue  # a computation reading dead letters does not receive its own
             if producer in pipeline.injectors:
                 for partition in pipeline.injectors[producer].injector.partitions():

@@ -240,7 +240,9 @@ class BatchStager:
         reader = (*commit.fused, plan)[0]  # the computation that read the batch's input
         ran = LastBatch(records=sum(r.get("records") or 0 for r in reports if r["computation"] == reader.name),
                         run_ms=int((time.monotonic() - started) * 1000))
-        self.storage.write_json(wake_file(plan.name), {"batch": batch_id, "next_wall_timer": status["next_wall_timer"],
+        # The earliest wall timer of every member: a fused computation's timers tick with its consumer's query.
+        walls = [s["next_wall_timer"] for s in statuses.values() if s["next_wall_timer"] is not None]
+        self.storage.write_json(wake_file(plan.name), {"batch": batch_id, "next_wall_timer": min(walls, default=None),
                                                        "last_batch": ran.to_json()})
         if not plan.exactly_once:
             self.publisher.publish(plan.name, batch_id, manifest)

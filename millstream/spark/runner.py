@@ -164,7 +164,8 @@ class SparkRunner:
         self._create_or_check_layout()
         self._parallelism = parallelism
         self.plans: dict[str, ComputationPlan] = {
-            name: plan_computation(pipeline, name, self.key_groups) for name in pipeline.topological_order()
+            name: plan_computation(pipeline, name, self.key_groups, self._fused_into)
+            for name in pipeline.topological_order()
         }
         self.lease = Lease(self.root)
         self.commits: dict[str, ComputationCommit] = {}
@@ -440,7 +441,7 @@ class SparkRunner:
             raise PipelineError(f"computation {name!r} ran on this root before: pick a new name")
         _pickle_user_code_by_value(changed)
         self.pipeline = changed
-        self.plans[name] = plan_computation(changed, name, self.key_groups)
+        self.plans[name] = plan_computation(changed, name, self.key_groups, changed.weak_fusions())
         self._claim_computation(name)
         self._start_positions[name] = self._positions_now(self.plans[name]) if start == "latest" else {}
         self._write_layout()
