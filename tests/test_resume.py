@@ -218,3 +218,35 @@ def test_removing_a_computation_that_feeds_a_sink_says_how(tmp_path):
     with pytest.raises(PipelineError, match=r"'up' feeds sink\(s\) \['lines'\], which cannot be removed while the "
                                             r"pipeline runs: stop it and run the pipeline without them"):
         runner.remove_computation("up")
+
+
+def test_a_computation_fused_elsewhere_or_made_weak_or_strong_is_refused_naming_the_change(tmp_path):
+    # A weak computation keeps its state in its consumer's query's checkpoint, a strong one in its
+    # own. Fused into another consumer, it was refused saying it "changed between weak and strong
+    # productions" (it had not); and after one run without it, the root forgot where its state was:
+    # brought back fused into another consumer, or made strong, it started over with empty state.
+    def fused_into(consumer, production="weak"):
+        return (Pipeline("fusions").add_injector("src", ScriptedInjector("src", []), "in")
+                .add_computation("lottery", Echo(), ["in"], ["draws"], production=production)
+                .add_computation(consumer, Echo(), ["draws"], ["out"]))
+
+    root = str(tmp_path / "root")
+    SparkRunner(fused_into("auditor"), root=root, key_groups=4)  # the root's first layout
+    moved = r"'lottery' is fused into 'auditor' on this root .* this run fuses it into 'auditor2'"
+    with pytest.raises(PipelineError, match=moved):
+        SparkRunner(fused_into("auditor2"), root=root, key_groups=4)
+    with pytest.raises(PipelineError, match=r"'lottery' ran with weak productions .* this run makes it strong"):
+        SparkRunner(fused_into("auditor", "strong"), root=root, key_groups=4)
+
+    # A run without it keeps where its state is for when it comes back.
+    without = SparkRunner(Pipeline("fusions").add_injector("src", ScriptedInjector("src", []), "in")
+                          .add_computation("other", Echo(), ["in"], ["out"]), root=root, key_groups=4)
+    without.claim()
+    without.lease.release()
+    with pytest.raises(PipelineError, match=moved):
+        SparkRunner(fused_into("auditor2"), root=root, key_groups=4)
+    with pytest.raises(PipelineError, match=r"'other' ran with strong productions .* this run makes it weak"):
+        SparkRunner(Pipeline("fusions").add_injector("src", ScriptedInjector("src", []), "in")
+                    .add_computation("other", Echo(), ["in"], ["mid"], production="weak")
+                    .add_computation("after", Echo(), ["mid"], ["out"]), root=root, key_groups=4)
+    SparkRunner(fused_into("auditor"), root=root, key_groups=4)  # as it was: fine

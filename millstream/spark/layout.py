@@ -44,6 +44,9 @@ class RootLayout:
     # and injectors and drop them, not read them another way.
     states: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     injectors: Mapping[str, str] = field(default_factory=dict)
+    # Computations that ran on the root before and this run leaves out: the consumer each is fused
+    # into (None: strong), i.e. whose checkpoint holds its state, checked when a run brings it back.
+    earlier_fusions: Mapping[str, str | None] = field(default_factory=dict)
 
     @property
     def computations(self) -> tuple[str, ...]:
@@ -63,7 +66,7 @@ class RootLayout:
                 "fused_into": {name: self.fused_into[name] for name in self.computations},
                 "group_labels": list(self.group_labels.labels) if self.group_labels is not None else None,
                 "location": self.location, "states": {name: dict(states) for name, states in self.states.items()},
-                "injectors": dict(self.injectors)}
+                "injectors": dict(self.injectors), "earlier_fusions": dict(self.earlier_fusions)}
 
     @classmethod
     def from_record(cls, record: Mapping[str, Any]) -> "RootLayout":
@@ -72,7 +75,7 @@ class RootLayout:
         labels = record.get("group_labels", list(range(record["key_groups"])))
         return cls(record["pipeline"], record["key_groups"], dict(record["fused_into"]),
                    GroupLabels(tuple(labels)) if labels is not None else None, record.get("location"),
-                   record.get("states", {}), record.get("injectors", {}))
+                   record.get("states", {}), record.get("injectors", {}), record.get("earlier_fusions", {}))
 
     def refusals(self, stored: Mapping[str, Any]) -> list[str]:
         """Why this layout cannot run on a root whose stored layout is `stored` (none: it can)."""
@@ -84,9 +87,9 @@ class RootLayout:
                     "cannot be copied or moved, its copy would write into the original's checkpoints"]
         if stored["key_groups"] != self.key_groups:
             return [f"it has {stored['key_groups']} key groups, this run asks for {self.key_groups}"]
-        problems = [f"computation {name!r} changed between weak and strong productions"
-                    for name, fused_into in self.fused_into.items()
-                    if stored["fused_into"].get(name, fused_into) != fused_into]
+        known = {**stored.get("earlier_fusions", {}), **stored["fused_into"]}
+        problems = [_fusion_changed(name, known[name], fused_into) for name, fused_into in sorted(self.fused_into.items())
+                    if name in known and known[name] != fused_into]
         for computation, states in sorted(self.states.items()):
             was = stored.get("states", {}).get(computation, {})
             problems += [f"computation {computation!r} stores state {name!r} as {was[name]}, this run declares it "
@@ -104,7 +107,21 @@ class RootLayout:
         leaves out: they are checked again when a later run brings them back."""
         states = {**stored.get("states", {}), **self.states}
         injectors = {**stored.get("injectors", {}), **self.injectors}
-        return replace(self, states=states, injectors=injectors)
+        known = {**stored.get("earlier_fusions", {}), **stored.get("fused_into", {})}
+        earlier = {name: fused for name, fused in known.items() if name not in self.fused_into}
+        return replace(self, states=states, injectors=injectors, earlier_fusions=earlier)
+
+
+def _fusion_changed(name: str, was: str | None, now: str | None) -> str:
+    """Why a computation cannot run fused into `now` (None: strong) where its state is `was`'s."""
+    if was is None:
+        return (f"computation {name!r} ran with strong productions on this root (its state is in its own "
+                f"checkpoint); this run makes it weak, fused into {now!r}: keep it strong, or give it a new name")
+    if now is None:
+        return (f"computation {name!r} ran with weak productions fused into {was!r} on this root (its state is in "
+                "that query's checkpoint); this run makes it strong: keep it weak, or give it a new name")
+    return (f"computation {name!r} is fused into {was!r} on this root (weak productions: its state is in that "
+            f"query's checkpoint); this run fuses it into {now!r}: keep its consumer, or give it a new name")
 
 
 def _codec_name(codec: Any) -> str:
