@@ -321,10 +321,12 @@ class Publisher:
             if manifest is None:
                 # A batch Spark made without running it (a state repartition): nothing to publish
                 # but the computation's unchanged status, so positions and batch ids stay in step.
+                # (Fused computations' statuses too: the next batch's counters go on from them.)
                 _, last = commit.writer.log.last_batch()
                 status = dict(last["status"] if last else empty_status(), batch=batch)
+                fused = {member: dict(was, batch=batch) for member, was in (last or {}).get("fused", {}).items()}
                 manifest = {"type": BATCH, "batch": batch, "attempt": None, "output": [], "streams": {},
-                            "sinks": {}, "status": status}
+                            "sinks": {}, "status": status, "fused": fused}
             faults.reached("committed", name)
             self.publish(name, batch, manifest)
 

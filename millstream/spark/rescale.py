@@ -19,9 +19,11 @@ another driver runs on (Spark does not allow a query to run on a checkpoint bein
 
 from __future__ import annotations
 
+import os
 from contextlib import contextmanager
 from typing import Any, Iterator, Sequence
 
+from millstream.model.locations import is_local
 from millstream.spark.commit import Checkpoint, staged_after
 from millstream.spark.errors import user_error_message
 from millstream.spark.fencing import Lease, RootInUse
@@ -141,6 +143,10 @@ def rescale(spark: Any, root: str, parallelism: int, computations: Sequence[str]
     layout = read_layout(Storage(root))
     if layout is None:
         raise RescaleError(f"{Storage(root).describe()} holds no pipeline this version of millstream reads")
+    here = os.path.abspath(root) if is_local(root) else root
+    if layout.location is not None and layout.location != here:
+        raise RescaleError(f"{Storage(root).describe()} was made at {layout.location}: its logs name that root's "
+                           "checkpoints, which a rescale here would change; rescale the root where it was made")
     if parallelism > layout.key_groups:
         raise RescaleError(f"parallelism {parallelism} is more than the root's {layout.key_groups} key groups: "
                            "the extra tasks would have nothing to do")

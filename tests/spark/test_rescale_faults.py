@@ -78,6 +78,8 @@ def test_a_rescale_killed_part_way_is_finished_by_running_it_again(spark, tmp_pa
     reader = SparkRunner(rescale_driver.pipeline(EVENTS, 200.0), root=str(root), spark=spark, retain_logs_s=None)
     got = sorted((r.key, r.value[0], r.value[1]) for r in reader.read_stream("counts"))
     assert got == rescale_driver.expected_counts(EVENTS)
+    # The weak computation's counters go on across the rescale's batch (they restarted from 0).
+    assert {n: c.records for n, c in reader.progress().computations.items()} == {"echo": EVENTS, "count": EVENTS}
 
 
 @pytest.fixture(scope="module")
@@ -142,3 +144,25 @@ def test_a_driver_starting_while_a_rescale_runs_is_refused(stopped_root):
     driver = SparkRunner(rescale_driver.pipeline(300, 300.0), root=stopped_root, retain_logs_s=None)
     driver.claim()  # the rescale over, the root is free at once
     driver.lease.release()
+
+
+def test_a_rescale_of_a_copied_root_is_refused_and_leaves_the_original_alone(stopped_root, tmp_path):
+    """A root's logs name its checkpoints by path: a rescale of a copy repartitioned the original's
+    checkpoint (and deleted its uncommitted offsets). The runner refuses to run a copy; so does rescale."""
+    import shutil
+
+    from millstream.spark.rescale import RescaleError, rescale
+
+    copy = str(tmp_path / "copy")
+    shutil.copytree(stopped_root, copy)
+    touched = []
+
+    class Session:
+        class _streamingCheckpointManager:  # noqa: N801 - Spark's attribute name
+            @staticmethod
+            def repartition(checkpoint, partitions):
+                touched.append(checkpoint)
+
+    with pytest.raises(RescaleError, match="was made at"):
+        rescale(Session(), copy, 1)
+    assert touched == []
