@@ -40,7 +40,7 @@ from millstream.spark import faults
 from millstream.spark.fencing import Lease
 from millstream.spark.operator import METRICS
 from millstream.spark.pacing import LastBatch
-from millstream.spark.publog import BATCH, FencedWriter
+from millstream.spark.publog import BATCH, FencedWriter, PublicationLog
 from millstream.spark.rootfiles import latest_status, status_history, wake_file
 from millstream.spark.source import batch_segments
 from millstream.spark.storage import Storage
@@ -264,6 +264,29 @@ class BatchStager:
         return entry.get("fused", {}).get(computation) or empty_status()
 
 
+def write_statuses(storage: Storage, name: str, batch: int, position: int, manifest: dict[str, Any]) -> None:
+    """The status files of a published batch: the computation's and its fused computations' latest
+    status and history entry (what `millstream status`, the runner's progress and the skew limit read)."""
+    for member, status in ((name, manifest["status"]), *manifest.get("fused", {}).items()):
+        history = {k: status.get(k) for k in ("batch", "low_watermark", "input_watermark", "hold", "wall_ms",
+                                              "state_bytes_written", "state_bytes_changed", "senders", "metrics")}
+        storage.write_json(status_history(member, batch), history)
+        storage.write_json(latest_status(member), {**status, "position": position})
+
+
+def repair_statuses(storage: Storage, log: PublicationLog, name: str) -> None:
+    """Write the status files of the log's last batch if a driver died between publishing it and
+    writing them: they would stay a batch behind the log for good (the published batch is not
+    published again), and whatever reads them (the runner's "done", the skew limit) would wait for
+    ever. Idempotent."""
+    position, entry = log.last_batch()
+    if entry is None:
+        return
+    latest = storage.read_json(latest_status(name))
+    if not isinstance(latest, dict) or int(latest.get("batch", -1)) < int(entry["batch"]):
+        write_statuses(storage, name, int(entry["batch"]), position, entry)
+
+
 class Publisher:
     """Publishes committed batches of every computation, then hands them to the sinks."""
 
@@ -351,10 +374,5 @@ class Publisher:
             position = commit.writer.append(manifest)
             commit.last_published = batch
         faults.reached("published", name)
-        for member, status in ((name, manifest["status"]), *manifest.get("fused", {}).items()):
-            history = {k: status.get(k) for k in ("batch", "low_watermark", "input_watermark", "hold", "wall_ms",
-                                                  "state_bytes_written", "state_bytes_changed", "senders",
-                                                  "metrics")}
-            self.storage.write_json(status_history(member, batch), history)
-            self.storage.write_json(latest_status(member), {**status, "position": position})
+        write_statuses(self.storage, name, batch, position, manifest)
         self.sinks.published(name, position, manifest)

@@ -36,7 +36,7 @@ from millstream.model.locations import is_local, local_path
 from millstream.model.pipeline import WALL_TIMER_DRAIN_S, ErrorPolicy, Pipeline, PipelineError, Production
 from millstream.model.records import Record
 from millstream.spark import statestore
-from millstream.spark.commit import BatchStager, Checkpoint, ComputationCommit, Publisher
+from millstream.spark.commit import BatchStager, Checkpoint, ComputationCommit, Publisher, repair_statuses
 from millstream.spark.errors import MillstreamRunError, reported_failure, restart_after, user_error_message
 from millstream.spark.feeds import Feeds
 from millstream.spark.fencing import Lease, RootInUse, driver_info
@@ -388,6 +388,8 @@ class SparkRunner:
         published, so the copy holds Spark's commit of every published batch and no other."""
         plan = self.plans[name]
         log = PublicationLog(self.root, name)
+        if not copy_checkpoint:  # (a driver taken over while it runs still writes them itself)
+            repair_statuses(self.storage, log, name)  # a driver that died right after publishing
         for _ in range(TAKEOVER_ATTEMPTS):
             head = log.head()
             last_claim = log.last_claim()

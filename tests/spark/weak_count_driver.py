@@ -1,4 +1,4 @@
-"""A driver for the rescale fault tests: a weak computation fused into a running count, run in a
+"""A driver for test_restarts_under_faults.py: a weak computation fused into a running count, run in a
 process of its own so it can be killed at a named moment (MILLSTREAM_KILL_AT, millstream/spark/faults.py)."""
 
 import argparse

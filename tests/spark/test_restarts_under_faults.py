@@ -1,6 +1,7 @@
-"""`millstream rescale` under faults: a rescale killed part-way is finished by running it again, and a
-rescale never shares its root with a running driver. Ground truth: rescale_driver.expected_counts,
-plain Python."""
+"""A root restarted or rescaled after faults: a rescale killed part-way is finished by running it
+again, a rescale never shares its root with a running driver nor touches another root's checkpoints,
+and a driver killed right after publishing leaves no stale status. Ground truth:
+weak_count_driver.expected_counts, plain Python."""
 
 import json
 import os
@@ -15,7 +16,7 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
-import rescale_driver  # noqa: E402
+import weak_count_driver  # noqa: E402
 
 EVENTS = 2_000
 
@@ -29,7 +30,7 @@ def _env(kill_at=None):
 
 
 def _drive(root, events=EVENTS, kill_at=None, parallelism=None, rate=200.0):
-    command = [sys.executable, os.path.join(HERE, "rescale_driver.py"), "--root", str(root), "--events", str(events),
+    command = [sys.executable, os.path.join(HERE, "weak_count_driver.py"), "--root", str(root), "--events", str(events),
                "--rate", str(rate)]
     if parallelism:
         command += ["--parallelism", str(parallelism)]
@@ -75,9 +76,9 @@ def test_a_rescale_killed_part_way_is_finished_by_running_it_again(spark, tmp_pa
     assert again == {"count": (2, 1)}
     resumed = _drive(root)
     assert resumed.returncode == 0, f"rescale again said {again}; the resumed run failed:\n{resumed.stderr[-1500:]}"
-    reader = SparkRunner(rescale_driver.pipeline(EVENTS, 200.0), root=str(root), spark=spark, retain_logs_s=None)
+    reader = SparkRunner(weak_count_driver.pipeline(EVENTS, 200.0), root=str(root), spark=spark, retain_logs_s=None)
     got = sorted((r.key, r.value[0], r.value[1]) for r in reader.read_stream("counts"))
-    assert got == rescale_driver.expected_counts(EVENTS)
+    assert got == weak_count_driver.expected_counts(EVENTS)
     # The weak computation's counters go on across the rescale's batch (they restarted from 0).
     assert {n: c.records for n, c in reader.progress().computations.items()} == {"echo": EVENTS, "count": EVENTS}
 
@@ -128,7 +129,7 @@ def test_a_driver_starting_while_a_rescale_runs_is_refused(stopped_root):
         """Spark's checkpoint manager, standing in: while it repartitions, a driver tries to start."""
 
         def repartition(self, checkpoint, partitions):
-            driver = SparkRunner(rescale_driver.pipeline(300, 300.0), root=stopped_root, retain_logs_s=None)
+            driver = SparkRunner(weak_count_driver.pipeline(300, 300.0), root=stopped_root, retain_logs_s=None)
             try:
                 driver.claim()
                 outcome["claimed"] = f"epoch {driver.epoch}"
@@ -141,7 +142,7 @@ def test_a_driver_starting_while_a_rescale_runs_is_refused(stopped_root):
 
     rescale(Session(), stopped_root, 1)
     assert "refused" in outcome, f"a driver claimed the root ({outcome.get('claimed')}) during the repartition"
-    driver = SparkRunner(rescale_driver.pipeline(300, 300.0), root=stopped_root, retain_logs_s=None)
+    driver = SparkRunner(weak_count_driver.pipeline(300, 300.0), root=stopped_root, retain_logs_s=None)
     driver.claim()  # the rescale over, the root is free at once
     driver.lease.release()
 
@@ -166,3 +167,33 @@ def test_a_rescale_of_a_copied_root_is_refused_and_leaves_the_original_alone(sto
     with pytest.raises(RescaleError, match="was made at"):
         rescale(Session(), copy, 1)
     assert touched == []
+
+
+def test_a_driver_killed_right_after_publishing_leaves_no_stale_status(spark, tmp_path):
+    """Killed between appending a batch to its log and writing its status files, a driver left the
+    status a batch behind the log for good (the batch is not published again): the runner's "done"
+    and the skew limit read it, and a restart after the last batch, or behind a skew limit, waited
+    for ever (found by an independent review). A restart's claim writes them from the log."""
+    import json
+
+    from millstream.spark.publog import PublicationLog
+    from millstream.spark.runner import SparkRunner
+
+    root = tmp_path / "root"
+    killed = _drive(root, kill_at="published@count:2")
+    assert killed.returncode == -9, killed.stdout + killed.stderr[-3000:]
+
+    def statuses():
+        found = {}
+        for name in ("count", "echo"):
+            with open(os.path.join(root, "status", name, "latest.json")) as data:
+                found[name] = json.load(data)["batch"]
+        return found
+
+    _, entry = PublicationLog(str(root), "count").last_batch()
+    assert statuses() == {"count": entry["batch"] - 1, "echo": entry["batch"] - 1}  # the moment the kill hit
+    runner = SparkRunner(weak_count_driver.pipeline(EVENTS, 200.0), root=str(root), spark=spark, retain_logs_s=None)
+    runner.claim()
+    runner.lease.release()
+    assert statuses() == {"count": entry["batch"], "echo": entry["batch"]}
+    assert os.path.exists(os.path.join(root, "status", "count", "history", f"{entry['batch']:012d}.json"))
