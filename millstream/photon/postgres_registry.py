@@ -336,8 +336,8 @@ class _PostgresTransaction(ShardTransaction):
 
     def delete_older_than(self, shard: int, boundary_ms: int, limit: int) -> int:
         table = self._table(shard)
-        return self.execute(f"DELETE FROM {table} WHERE id IN "
-                            f"(SELECT id FROM {table} WHERE event_time_ms < %s LIMIT %s)", (boundary_ms, limit)).rowcount
+        return self.execute(f"DELETE FROM {table} WHERE id IN (SELECT id FROM {table} WHERE event_time_ms < %s "
+                            "LIMIT %s)", (boundary_ms, limit)).rowcount
 
     def touch_owner(self, owner: str, now_ms: int) -> None:
         self.execute(f'INSERT INTO "{self._ns}_owners" AS o (owner, last_seen_ms) VALUES (%s, %s) '

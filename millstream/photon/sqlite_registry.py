@@ -180,8 +180,8 @@ class _SqliteTransaction(ShardTransaction):
 
     def delete_older_than(self, shard: int, boundary_ms: int, limit: int) -> int:
         table = _table(shard)
-        cursor = self.connection.execute(f"DELETE FROM {table} WHERE id IN "
-                                         f"(SELECT id FROM {table} WHERE event_time_ms < ? LIMIT ?)", (boundary_ms, limit))
+        cursor = self.connection.execute(f"DELETE FROM {table} WHERE id IN (SELECT id FROM {table} "
+                                         "WHERE event_time_ms < ? LIMIT ?)", (boundary_ms, limit))
         return cursor.rowcount
 
     def touch_owner(self, owner: str, now_ms: int) -> None:

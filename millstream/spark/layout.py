@@ -88,7 +88,8 @@ class RootLayout:
         if stored["key_groups"] != self.key_groups:
             return [f"it has {stored['key_groups']} key groups, this run asks for {self.key_groups}"]
         known = {**stored.get("earlier_fusions", {}), **stored["fused_into"]}
-        problems = [_fusion_changed(name, known[name], fused_into) for name, fused_into in sorted(self.fused_into.items())
+        problems = [_fusion_changed(name, known[name], fused_into)
+                    for name, fused_into in sorted(self.fused_into.items())
                     if name in known and known[name] != fused_into]
         for computation, states in sorted(self.states.items()):
             was = stored.get("states", {}).get(computation, {})

@@ -92,7 +92,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--trigger-ms", type=positive_int, default=250,
                         help="micro-batch trigger interval of each pipeline (default %(default)s)")
     parser.add_argument("--data-dir", default="./photon-data", help="where everything is kept (default %(default)s)")
-    parser.add_argument("--fresh", action="store_true", help="delete the data dir of a previous run (and its PostgreSQL registry namespace) first")
+    parser.add_argument("--fresh", action="store_true",
+                        help="delete the data dir of a previous run (and its PostgreSQL registry namespace) first")
     parser.add_argument("--timeout", type=positive_float, default=None, help="give up after this many seconds")
     args = parser.parse_args(argv)
     for name, value in (SMALL if args.small else FULL).items():
