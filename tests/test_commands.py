@@ -165,6 +165,21 @@ def test_a_pipeline_failure_keeps_the_runners_message(tmp_path, quiet_display) -
                                  "command again to resume")
 
 
+@pytest.mark.parametrize("refusal", ["root_in_use", "unfinished_rescale"])
+def test_a_refusal_to_start_is_told_as_it_is_not_as_a_spark_failure(tmp_path, quiet_display, refusal) -> None:
+    # A root another driver holds, or one an interrupted rescale left, was reported as
+    # "Spark failed: ..." with pointers to logs that say nothing more.
+    from millstream.spark.fencing import RootInUse
+    from millstream.spark.rescale import UnfinishedRescale
+
+    error = (RootInUse("root /r is in use by another driver (process 7); stop it first") if refusal == "root_in_use"
+             else UnfinishedRescale("computation 'count': a rescale to 1 state partitions was interrupted; finish it "
+                                    "before starting: millstream rescale /r --computation count --parallelism 1"))
+    with pytest.raises(RunFailed) as failed:
+        run_on_spark(FakeRunner(str(tmp_path), 0, 10, error), quiet_display, _snapshot, _records)
+    assert str(failed.value) == str(error)
+
+
 def test_rate_after_a_resume_counts_only_this_runs_records(tmp_path, quiet_display) -> None:
     final = run_on_spark(FakeRunner(str(tmp_path), before=100_000, after=130_000), quiet_display, _snapshot, _records)
     assert final.records == 130_000 and final.records_this_run == 30_000

@@ -23,6 +23,11 @@ EXIT_FAILED = 1
 EXIT_INTERRUPTED = 130
 
 
+# The runner's refusals to start (by name: this module does not import Spark): a root another driver
+# holds (spark/fencing.py), a rescale to finish first (spark/rescale.py).
+REFUSALS_TO_START = ("RootInUse", "UnfinishedRescale")
+
+
 class RunFailed(Exception):
     """The run failed; the message is one line, naming the log to read."""
 
@@ -109,6 +114,8 @@ def run_on_spark(runner: Any, display: ProgressDisplay, snapshot: Callable[[Any,
     except TimeoutError:
         raise RunFailed(f"not finished after {timeout:g} s; run the same command again to continue") from None
     except Exception as error:
+        if type(error).__name__ in REFUSALS_TO_START:  # nothing failed: the message says what to do
+            raise RunFailed(_first_line(error)) from None
         if type(error).__name__ == "MillstreamRunError":  # the runner's own report: what failed, where the trace is
             lines = [line.strip() for line in str(error).splitlines() if line.strip()]
             pointer = f" {lines[-1]}" if len(lines) > 1 and "errors.log" in lines[-1] else ""
