@@ -443,6 +443,11 @@ def test_file_records_of_two_directories_do_not_collide(tmp_path):
     ('{"key": "k", "value": {"x": [-Infinity]}, "timestamp": 1}', "JSON has no -Infinity"),
     (json.dumps(rec("k", 1, 1_732_886_400_000_000)), "timestamp is 1732886400000000, outside"),  # microseconds
     ('{"key": "k", "value": 1e400, "timestamp": 1}', "out of a float's range"),  # no float holds it
+    # Python's json reads an escaped surrogate half (no UTF-8 text holds it: encoding its key stopped the
+    # pipeline, on every restart) and crashes on deep nesting (RecursionError stopped it likewise).
+    pytest.param('{"key": "\\ud800", "value": 1, "timestamp": 1}', "not strict JSON", id="surrogate-half"),
+    pytest.param('{"key": "k", "value": ' + "[" * 5000 + "]" * 5000 + ', "timestamp": 1}', "nested too deeply",
+                 id="nested-5000-deep"),
 ])
 def test_malformed_line_is_yielded_with_file_and_line(tmp_path, line, problem):
     d = str(tmp_path)
@@ -452,6 +457,60 @@ def test_malformed_line_is_yielded_with_file_and_line(tmp_path, line, problem):
     items = list(inj.read("0", start, inj.latest_offset("0", start, None)))
     assert [type(i).__name__ for i in items] == ["Record", "Malformed", "Record"]
     assert items[1].position == "bad.jsonl:3" and problem in items[1].error and items[1].raw == line
+
+
+def test_a_line_that_is_not_utf8_is_malformed_not_delivered_altered(tmp_path):
+    # Read with errors="replace", a latin-1 line reached user code as a good record holding U+FFFD
+    # where its text was.
+    d = str(tmp_path)
+    with open(os.path.join(d, "latin.jsonl"), "wb") as out:
+        out.write(b'{"key": "a", "value": "ok", "timestamp": 1}\n')
+        out.write('{"key": "b", "value": "caf\u00e9", "timestamp": 2}\n'.encode("latin-1"))
+        out.write(b'{"key": "c", "value": "ok", "timestamp": 3}\n')
+    inj = FileInjector(d)
+    start = inj.initial_offset("0")
+    items = list(inj.read("0", start, inj.latest_offset("0", start, None)))
+    assert [type(i).__name__ for i in items] == ["Record", "Malformed", "Record"]
+    assert items[1].position == "latin.jsonl:2" and "not UTF-8" in items[1].error
+    assert items[1].raw == '{"key": "b", "value": "caf\ufffd", "timestamp": 2}'  # shown, JSON can carry it
+    h, comp = harness_over(FileInjector(d))
+    h.run_injectors()
+    assert [r.key for r in comp.records] == ["a", "c"] and len(h.dead_letters()) == 1
+
+
+def test_a_file_whose_name_holds_no_time_is_read_not_skipped(tmp_path):
+    # With creation="name", a file whose name the pattern does not match was left out of every
+    # listing: its records were lost, silently.
+    d = str(tmp_path)
+    write(d, "log-1000.jsonl", [rec("k", 1, 1_500)], 0)
+    write(d, "log-final.jsonl", [rec("k", 2, 1_600), rec("k", 3, 1_700)], 0)
+    write(d, DONE_MARKER, [], 0)
+    h, comp = harness_over(FileInjector(d, creation="name"))
+    h.run_injectors()
+    assert sorted(r.value for r in comp.records) == [1, 2, 3]
+
+
+class _Rows(ScriptedInjector):
+    """A scripted injector standing in for one whose values are input data (files, rows, messages)."""
+
+    values_are_data = True
+
+
+def test_a_value_the_stream_cannot_carry_is_a_dead_letter_from_data_and_a_stop_from_code():
+    # A DataFrame row holding NaN stopped the pipeline on the codec's refusal, on every restart (the
+    # batch is staged with it). From an injector whose values are data it is malformed input; from
+    # one whose values a user's code builds it is still a mistake, named.
+    from millstream.model.codecs import CodecError
+
+    records = [Record("k", 1.5, 1, "r1"), Record("k", float("nan"), 2, "r2"), Record("k", 2.5, 3, "r3")]
+    h, comp = harness_over(_Rows("src", [(records, 10)], finish=True))
+    h.run_injectors()
+    assert [r.value for r in comp.records] == [1.5, 2.5]
+    [letter] = h.dead_letters()
+    assert letter["record_id"] == "r2" and "cannot carry" in letter["error"] and letter["value"] == "nan"
+    h, comp = harness_over(ScriptedInjector("src", [(records, 10)], finish=True))
+    with pytest.raises(CodecError, match=r"injector 'src', stream 'in', record 'r2': JSON cannot store nan"):
+        h.run_injectors()
 
 
 def test_malformed_input_goes_to_dead_letters_and_the_pipeline_goes_on(tmp_path):

@@ -73,6 +73,8 @@ class DataFrameInjector(Injector):
     8000
     """
 
+    values_are_data = True  # a value the stream cannot carry is malformed input (model/injector.py)
+
     def __init__(self, df: Any, key: str, timestamp: str, value: str | Sequence[str] | None = None,
                  id: str | None = None, partitions: int = 4, max_out_of_orderness_ms: int | None = None,
                  bounded: bool = False, name: str = "dataframe") -> None:

@@ -19,7 +19,8 @@ writer started it, so its records are stamped no earlier. Where it comes from:
 - `creation="name"`: the epoch milliseconds in the file's name (the first group of `name_pattern`),
   for writers that name files by when they started them. Files are expected to become visible in
   creation order, give or take `max_write_ms`: a file not visible yet was created no earlier than the
-  newest visible one minus max_write_ms.
+  newest visible one minus max_write_ms. A file whose name holds no time is read at once, as if
+  created at the beginning of time (its records may be late: they reach user code flagged so).
 
 Once `_DONE` exists and every file is read, the watermark is END_OF_TIME. With `partitions=n`, files
 are spread over n partitions by a hash of their name, each read by its own Spark task and publishing
@@ -71,6 +72,8 @@ class FileInjector(Injector):
     A directory that does not exist is refused (a typo would otherwise read nothing, forever), unless
     `missing_ok=True`: then it reads as empty until it appears.
     """
+
+    values_are_data = True  # a value the stream cannot carry is malformed input (model/injector.py)
 
     def __init__(self, directory: str, suffix: str = ".jsonl", max_files_per_read: int = 16,
                  creation: str = "mtime", max_write_ms: int | None = None, name_pattern: str = DEFAULT_NAME_PATTERN,
@@ -125,7 +128,10 @@ class FileInjector(Injector):
             mine = self._partition_of(name) == partition
             if mine or self.creation == "name":
                 time_created = self._created(name)
-                if time_created is not None:
+                if time_created is None and self.creation == "name":  # no time in its name: read at once
+                    if mine:
+                        created[name] = BEGINNING_OF_TIME
+                elif time_created is not None:
                     newest = max(newest, time_created)
                     if mine:
                         created[name] = time_created
@@ -164,7 +170,9 @@ class FileInjector(Injector):
             # Ids derive from the file's path, not its name alone: two directories holding files of
             # the same name (part-0000.jsonl) feed different records, which must not deduplicate.
             source = os.path.join(os.path.normpath(self.directory), name)
-            with open(path, encoding="utf-8", errors="replace") as lines:
+            # Bytes that are not UTF-8 stay apart (surrogate escapes): such a line is malformed, not
+            # delivered with replacement characters in place of what it said.
+            with open(path, encoding="utf-8", errors="surrogateescape") as lines:
                 for number, line in enumerate(lines, 1):
                     if line.strip():
                         yield _parse(line, name, number, source)
@@ -178,6 +186,9 @@ def _parse(line: str, name: str, number: int, source: str) -> Record[Any] | Malf
     try:
         item = strict_json.loads(line)  # the pipeline's JSON codec refuses NaN and infinities too
         key, timestamp = item["key"], item["timestamp"]
+    except UnicodeEncodeError:  # bytes that are not UTF-8 (read as surrogate escapes)
+        shown = line.encode("utf-8", "surrogateescape").decode("utf-8", "replace").rstrip("\n")
+        return Malformed(position, shown, "not UTF-8 text (the bytes that are not are shown as U+FFFD)")
     except (ValueError, KeyError, TypeError) as error:
         return Malformed(position, line.rstrip("\n"), f"not a record line ({type(error).__name__}: {error}); "
                          'expected {"key": str, "value": ..., "timestamp": int}')

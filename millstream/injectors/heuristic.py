@@ -214,6 +214,7 @@ class HeuristicWatermark(Injector):
             raise ValueError(f"warmup_records must be >= 0 or None, got {warmup_records!r}")
         self.injector = injector
         self.watermark_keys = tuple(injector.watermark_keys)  # keyed watermarks pass through, strict
+        self.values_are_data = injector.values_are_data
         self.quantile = float(quantile)
         self.half_life_ms = half_life_ms
         self.warmup_records = 10.0 / (1.0 - self.quantile) if warmup_records is None else float(warmup_records)

@@ -216,6 +216,8 @@ class KafkaInjector(Injector):
             refuses them without).
     """
 
+    values_are_data = True  # a value the stream cannot carry is malformed input (model/injector.py)
+
     def __init__(
         self,
         topic: str,

@@ -70,6 +70,35 @@ class Malformed:
     error: str
 
 
+def refused_value(injector: "Injector", record: Record[Any], error: Exception, name: str, stream: str) -> Malformed:
+    """What becomes of a record whose value the stream's codec refuses (`error`): from an injector
+    whose values are input data (`values_are_data`: files, DataFrame rows, messages), malformed
+    input, a dead letter like any other; from one whose values a user's code builds, a mistake to
+    fix, raised naming the injector and stream. Both runners go by this rule.
+
+    >>> from millstream.model.codecs import CodecError
+    >>> class Rows(Injector):
+    ...     values_are_data = True
+    ...     def initial_offset(self, partition): return {}
+    ...     def latest_offset(self, partition, start, max_records): return start
+    ...     def read(self, partition, start, end): return iter(())
+    ...     def low_watermark(self, partition, offset): return 0
+    >>> refused_value(Rows(), Record("k", float("nan"), 5, "rows:7"), CodecError("JSON cannot store nan"), "rows", "s")
+    Malformed(position='rows:7', raw='nan', error="a value stream 's' cannot carry: JSON cannot store nan")
+    """
+    if not injector.values_are_data:
+        raise refusal(record, error, name, stream) from None
+    return Malformed(record.id or record.key, f"{record.value!r:.2000}",
+                     f"a value stream {stream!r} cannot carry: {error}")
+
+
+def refusal(record: Record[Any], error: Exception, name: str, stream: str) -> Exception:
+    """The error to raise for a record of injector `name` whose value the codec of `stream` refuses."""
+    from millstream.model.codecs import CodecError
+
+    return CodecError(f"injector {name!r}, stream {stream!r}, record {record.id or record.key!r}: {error}")
+
+
 class Injector(ABC):
     """The contract every injector implements. Single-partition injectors ignore `partition`.
 
@@ -83,6 +112,10 @@ class Injector(ABC):
 
     #: Names of the keyed watermarks this injector publishes besides its low watermark.
     watermark_keys: tuple[str, ...] = ()
+    #: Whether its values are input data (a file's lines, a DataFrame's rows, messages) rather than
+    #: built by a user's code: a value the stream's codec refuses is then malformed input (a dead
+    #: letter), not a mistake that stops the pipeline (`refused_value`).
+    values_are_data: bool = False
 
     def partitions(self) -> Sequence[str]:
         """The expected set of partitions, fixed for the life of a pipeline root."""

@@ -36,7 +36,7 @@ from millstream.core.plan import ComputationPlan, InputPlan, SenderPlan, key_gro
 from millstream.core.production import Produced
 from millstream.core.watermarks import Segment, WatermarkCoalescer, published_keyed, skew_watermark, too_far_ahead
 from millstream.model.codecs import CodecError
-from millstream.model.injector import Injector, InjectorError, Malformed, check_injected
+from millstream.model.injector import Injector, InjectorError, Malformed, check_injected, refused_value
 from millstream.model.pipeline import UNHELD_WATERMARK_KEY, ErrorPolicy
 from millstream.model.records import BEGINNING_OF_TIME, END_OF_TIME, Record
 from millstream.spark.bundles import BUNDLE_RECORDS, FeedItem, pack_deliveries, pack_productions
@@ -326,13 +326,12 @@ class InputsReader(DataSourceStreamReader):
 
     def _injector_items(self, sender: Sender, input_plan: InputPlan,
                         partition: _Partition) -> Iterator[FeedItem | Produced]:
-        """_read_injector, a value its stream's codec refuses named with the injector and stream."""
+        """_read_injector, a value its stream's codec refuses (from a user's code) reported."""
         try:
             yield from self._read_injector(sender, input_plan, partition)
         except CodecError as error:
-            message = f"injector {sender.plan.producer!r}, stream {sender.plan.stream!r}: {error}"
-            report_failure(self.plan.root, self.plan.computation.name, message)
-            raise CodecError(message) from None
+            report_failure(self.plan.root, self.plan.computation.name, str(error))
+            raise
 
     def _read_injector(self, sender: Sender, input_plan: InputPlan,
                        partition: _Partition) -> Iterator[FeedItem | Produced]:
@@ -349,11 +348,17 @@ class InputsReader(DataSourceStreamReader):
                     not BEGINNING_OF_TIME <= item.timestamp <= END_OF_TIME:
                 self._check_injected(sender, item)
             key = item.key
+            try:
+                value = encode(item.value)
+            except CodecError as error:
+                refused = refused_value(injector, item, error, sender.plan.producer, sender.plan.stream)  # type: ignore[arg-type]
+                if sender.owns_malformed:
+                    yield self._malformed(sender, refused, segment)
+                continue
             if by_record_key:  # _keyed(), inlined: the per-record path
-                yield (key, key, encode(item.value), item.timestamp, item.id, segment, position)
+                yield (key, key, value, item.timestamp, item.id, segment, position)
             else:
-                yield self._keyed(input_plan, sender, key, encode(item.value), item.timestamp, item.id, segment,
-                                  position)
+                yield self._keyed(input_plan, sender, key, value, item.timestamp, item.id, segment, position)
 
     def _log_items(self, sender: Sender, input_plan: InputPlan,
                    partition: _Partition) -> Iterator[FeedItem | Produced]:

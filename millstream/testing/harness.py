@@ -31,7 +31,7 @@ from millstream.core.watermarks import (Segment, WatermarkCoalescer, declared_ke
                                         output_keyed_watermarks, output_watermarks, published_idle, published_keyed,
                                         skew_watermark, too_far_ahead, weak_hold_refused)
 from millstream.model.codecs import Codec, CodecError
-from millstream.model.injector import Malformed, Offset, check_injected
+from millstream.model.injector import Injector, Malformed, Offset, check_injected, refusal, refused_value
 from millstream.model.pipeline import (DEAD_LETTERS, UNHELD_WATERMARK_KEY, ErrorPolicy, Pipeline, PipelineError,
                                       Production)
 from millstream.model.records import BEGINNING_OF_TIME, END_OF_TIME, Record, Timer, derive_record_id, timestamp_problem
@@ -63,12 +63,11 @@ class _ComputationRun:
     watermark_history: list[int] = field(default_factory=list)
 
 
-def _encoded(codec: Codec, record: Record[Any], injector: str, stream: str) -> bytes:
+def _encoded(codec: Codec, record: Record[Any], injector: Injector, name: str, stream: str) -> bytes | Malformed:
     try:
         return codec.encode(record.value)
     except CodecError as error:
-        raise CodecError(f"injector {injector!r}, stream {stream!r}, record {record.id or record.key!r}: {error}") \
-            from None
+        return refused_value(injector, record, error, name, stream)
 
 
 def _check_time(what: str, value: Any) -> None:
@@ -149,8 +148,11 @@ class PipelineHarness:
             check_injected(record, injector)
             record_id = record.id or derive_record_id(injector, "feed", self._fed[injector])
             self._fed[injector] += 1
-            produced.append(Produced(node.stream, record.key, _encoded(codec, record, injector, node.stream),
-                                     record.timestamp, record_id, 0, len(produced)))
+            try:  # records a test feeds are built by its code: a value the codec refuses is a mistake
+                value = codec.encode(record.value)
+            except CodecError as error:
+                raise refusal(record, error, injector, node.stream) from None
+            produced.append(Produced(node.stream, record.key, value, record.timestamp, record_id, 0, len(produced)))
         if watermark is not None:
             self._set_watermark(injector, partition, watermark)
         self._set_keyed(injector, partition, keyed or {})
@@ -214,12 +216,15 @@ class PipelineHarness:
                 rejected: list[Produced] = []
                 if end != start:
                     for item in node.injector.read(partition, start, end):
-                        if isinstance(item, Malformed):
-                            rejected.append(self._malformed(name, partition, item))
-                        else:
+                        if not isinstance(item, Malformed):
                             check_injected(item, name)
-                            produced.append(Produced(node.stream, item.key, _encoded(codec, item, name, node.stream),
-                                                     item.timestamp, item.id, 0, len(produced)))
+                            value = _encoded(codec, item, node.injector, name, node.stream)
+                            if not isinstance(value, Malformed):
+                                produced.append(Produced(node.stream, item.key, value, item.timestamp, item.id, 0,
+                                                         len(produced)))
+                                continue
+                            item = value
+                        rejected.append(self._malformed(name, partition, item))
                 self._offsets[(name, partition)] = end
                 self._watermarks[(name, partition)] = watermark
                 self._keyed[(name, partition)] = keyed

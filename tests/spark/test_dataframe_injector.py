@@ -100,6 +100,32 @@ def test_bad_columns_are_refused_before_anything_runs(spark, tmp_path):
         DataFrameInjector(spark.range(3), key="id", timestamp="id")
 
 
+class Amounts(Computation):
+    def process_record(self, ctx, record):
+        ctx.produce(Record(ctx.key, record.value["amount"], record.timestamp), "out")
+
+
+def test_a_row_holding_a_value_the_stream_cannot_carry_is_a_dead_letter_not_a_stop(spark, tmp_path):
+    """A row whose double column held NaN (Spark's JSON reader takes it; a division by zero makes one)
+    stopped the run on the JSON codec's refusal, on every restart, even with the DataFrame fixed (the
+    micro-batch is staged with it). Found by an independent review; ground truth: the lines written."""
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    lines = [f'{{"user": "u{i % 3}", "ts": {1_000 + i}, "amount": {i}.5}}' for i in range(30)]
+    lines[7] = '{"user": "u1", "ts": 1007, "amount": NaN}'
+    (inputs / "a.json").write_text("\n".join(lines) + "\n")
+    df = spark.readStream.schema("user string, ts long, amount double").json(str(inputs))
+    injector = DataFrameInjector(df, key="user", timestamp="ts", partitions=2, bounded=True,
+                                 max_out_of_orderness_ms=1_000, name="clicks")
+    runner = SparkRunner(Pipeline("nan").add_injector("clicks", injector, "in")
+                         .add_computation("amounts", Amounts(), ["in"], ["out"]), root=str(tmp_path / "root"), spark=spark)
+    runner.run(timeout=240)
+    assert sorted((r.key, r.value, r.timestamp) for r in runner.read_stream("out")) == sorted(
+        (f"u{i % 3}", i + 0.5, 1_000 + i) for i in range(30) if i != 7)
+    [letter] = runner.read_stream(DEAD_LETTERS)
+    assert "cannot carry" in letter.value["error"] and "nan" in letter.value["value"]
+
+
 def test_a_micro_batch_spark_runs_again_is_never_staged_again(spark, tmp_path):
     """Spark re-runs the last micro-batch after a crash; a source that is not deterministic gives
     other rows. The first staging stays: same manifest, same files, same draws."""
