@@ -351,7 +351,8 @@ class InputsReader(DataSourceStreamReader):
             try:
                 value = encode(item.value)
             except CodecError as error:
-                refused = refused_value(injector, item, error, sender.plan.producer, sender.plan.stream)  # type: ignore[arg-type]
+                refused = refused_value(injector, item, error,  # type: ignore[arg-type]
+                                        sender.plan.producer, sender.plan.stream)
                 if sender.owns_malformed:
                     yield self._malformed(sender, refused, segment)
                 continue

@@ -117,8 +117,9 @@ def test_a_row_holding_a_value_the_stream_cannot_carry_is_a_dead_letter_not_a_st
     df = spark.readStream.schema("user string, ts long, amount double").json(str(inputs))
     injector = DataFrameInjector(df, key="user", timestamp="ts", partitions=2, bounded=True,
                                  max_out_of_orderness_ms=1_000, name="clicks")
-    runner = SparkRunner(Pipeline("nan").add_injector("clicks", injector, "in")
-                         .add_computation("amounts", Amounts(), ["in"], ["out"]), root=str(tmp_path / "root"), spark=spark)
+    with_nan = (Pipeline("nan").add_injector("clicks", injector, "in")
+                .add_computation("amounts", Amounts(), ["in"], ["out"]))
+    runner = SparkRunner(with_nan, root=str(tmp_path / "root"), spark=spark)
     runner.run(timeout=240)
     assert sorted((r.key, r.value, r.timestamp) for r in runner.read_stream("out")) == sorted(
         (f"u{i % 3}", i + 0.5, 1_000 + i) for i in range(30) if i != 7)
