@@ -171,6 +171,8 @@ class KeyGroupProcessor(StatefulProcessor):
     def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:
         group = self.labels.group(key[0])
         result, bytes_written, _, upstream = self.step.run(group, rows)
+        # A fused producer's dead letters come through this step to be published, counted by it already.
+        result.metrics.dead_letters -= sum(report.get("dead_letters") or 0 for report in upstream)
         yield from output_rows(self.plan, group, result, bytes_written, pack(upstream) if upstream else None)
 
     def close(self) -> None:
