@@ -12,10 +12,13 @@ and forgets a record once the *other* side's watermark guarantees nothing can ma
 Both are low-watermark timers, which fire by the computation's input watermark: the minimum of both
 sides, so never before the other side allows (and when one side is idle, by the other one alone).
 A record stamped behind its own side's watermark (`ctx.input_watermark(side)`) is late: what it
-could have matched may be gone, so it is not joined; it goes to `late_stream` if given. Without one
-it is dropped, and the computation's `late` metric counts it only when it is also behind the
-computation's low watermark (the earlier of the two sides'), which a side running ahead of the other
-need not be: give `late_stream` to see every late row.
+could have matched may be gone, so it is not joined; it goes to `late_stream` if given. So is one
+the framework flags late (`ctx.is_late`: behind the computation's low watermark), which a side back
+from idle can be while its own watermark never moved: the rows it could have matched were forgotten
+by the other side's watermark alone. Without `late_stream` a late row is dropped, and the
+computation's `late` metric counts it only when it is also behind the computation's low watermark
+(the earlier of the two sides'), which a side running ahead of the other need not be: give
+`late_stream` to see every late row.
 
 Pairs are stamped with the later of the two times; unmatched left rows with the time they were
 decided (l.time + upper_ms + 1). Values are kept with pickle (the join's own state, never read from
@@ -71,6 +74,9 @@ class IntervalJoin(Computation):
                  left_watermark: str | None = None, right_watermark: str | None = None) -> None:
         if how not in ("inner", "left"):
             raise ValueError(f"how must be 'inner' or 'left', got {how!r}")
+        for name, bound in (("lower_ms", lower_ms), ("upper_ms", upper_ms)):
+            if not isinstance(bound, int) or isinstance(bound, bool):  # a float failed at the first record
+                raise TypeError(f"{name} must be whole milliseconds (an int), got {bound!r}")
         if lower_ms > upper_ms:
             raise ValueError(f"lower_ms {lower_ms} is above upper_ms {upper_ms}: the interval is empty")
         if left == right:
@@ -112,7 +118,8 @@ class IntervalJoin(Computation):
     def process_record(self, ctx: Context, record: Record[Any]) -> None:
         side: str = ctx.input_stream  # type: ignore[assignment]
         time = self._time(side, record)
-        if time < self._watermark(ctx, side):
+        # (On keyed watermarks rows wait on those alone: the low watermark forgets nothing there.)
+        if time < self._watermark(ctx, side) or (ctx.is_late and self.watermarks[side] is None):
             if self.late_stream:
                 ctx.produce(Record(ctx.key, {"side": side, "value": record.value, "id": record.id}, record.timestamp),
                             self.late_stream)

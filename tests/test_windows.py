@@ -195,3 +195,25 @@ def test_travels_pickled_as_spark_ships_it() -> None:
     assert shipped.windows == computation.windows and shipped.outputs == ["means"]
     acc = shipped.aggregator.add(shipped.aggregator.init(), 4.0)
     assert shipped.aggregator.finish(acc) == 4.0
+
+
+@pytest.mark.parametrize("windows, aggregator", [(TumblingWindows(1_000), Count), (TumblingWindows, Count())],
+                         ids=["aggregator-class", "windows-class"])
+def test_a_class_instead_of_an_instance_is_refused_where_the_pipeline_is_built(windows, aggregator):
+    # Both passed the checks (a class has the methods) and failed at the first record, with a traceback
+    # (on Spark, a failed job). Found by an independent review.
+    with pytest.raises(TypeError, match=r"must be an instance, e\.g\. (Count|TumblingWindows)\(\.\.\.\)"):
+        WindowAggregate(windows, aggregator, "out")
+
+
+def test_a_record_in_the_last_window_before_end_of_time_is_counted():
+    # Its window ends after END_OF_TIME: setting the window's timer failed the step, on every restart.
+    wa = WindowAggregate(TumblingWindows(1_000), Count(), "out")
+    pipeline = (Pipeline("w").add_injector("in", ScriptedInjector("in", [([Record("a", 1, 0, "x0"),
+                                                                          Record("a", 1, END_OF_TIME - 5, "x1")], 0)]),
+                                           "nums")
+                .add_computation("win", wa, ["nums"], wa.outputs))
+    h = PipelineHarness(pipeline)
+    h.run_injectors()
+    assert sorted((r.value["start"], r.value["value"], r.timestamp) for r in h.output("out")) == [
+        (0, 1, 1_000), (END_OF_TIME - 5 - (END_OF_TIME - 5) % 1_000, 1, END_OF_TIME)]

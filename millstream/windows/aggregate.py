@@ -29,7 +29,7 @@ from typing import Any, Callable, Generic, Literal, TypeVar, cast
 
 from millstream.model.codecs import JsonCodec, PickleCodec
 from millstream.model.computation import Computation, Context
-from millstream.model.records import Record, Timer
+from millstream.model.records import END_OF_TIME, Record, Timer
 from millstream.model.state import MapState
 from millstream.windows.aggregators import Aggregator
 from millstream.windows.assigners import SlidingWindows, TumblingWindows, Window, WindowAssigner
@@ -91,6 +91,9 @@ class WindowAggregate(Computation, Generic[In, Acc, Out]):
         late: LatePolicy = "drop",
         late_stream: str | None = None,
     ) -> None:
+        for name, given in (("windows", windows), ("aggregator", aggregator)):
+            if isinstance(given, type):  # a class passes the checks below, and fails at the first record
+                raise TypeError(f"{name} must be an instance, e.g. {given.__name__}(...), got the class itself")
         if not isinstance(windows, WindowAssigner):
             raise TypeError(f"windows must be TumblingWindows(...) or SlidingWindows(...), got {windows!r}")
         for method in ("init", "add", "finish"):
@@ -139,7 +142,8 @@ class WindowAggregate(Computation, Generic[In, Acc, Out]):
                 accumulator = cast(Acc, accumulators.get(window.start))
             else:
                 accumulator = aggregator.init()
-                ctx.set_timer(f"{_TIMER_PREFIX}{window.start}", window.end)
+                # (The last windows before END_OF_TIME end after it: they close at END_OF_TIME.)
+                ctx.set_timer(f"{_TIMER_PREFIX}{window.start}", min(window.end, END_OF_TIME))
             accumulators.put(window.start, aggregator.add(accumulator, value))
 
     def process_timer(self, ctx: Context, timer: Timer) -> None:
@@ -151,7 +155,8 @@ class WindowAggregate(Computation, Generic[In, Acc, Out]):
             return
         window = self.windows.window_at(start)
         result = self.aggregator.finish(cast(Acc, accumulators.get(start)))
-        ctx.produce(Record(ctx.key, self.output_value(window, result), window.end), self.output_stream)
+        ctx.produce(Record(ctx.key, self.output_value(window, result), min(window.end, END_OF_TIME)),
+                    self.output_stream)
         accumulators.remove(start)
 
     def __repr__(self) -> str:
