@@ -26,6 +26,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Sequence
 
+from millstream.model.codecs import CodecError
 from millstream.model.records import END_OF_TIME, Record, timestamp_problem
 
 Offset = dict[str, Any]
@@ -76,7 +77,6 @@ def refused_value(injector: "Injector", record: Record[Any], error: Exception, n
     input, a dead letter like any other; from one whose values a user's code builds, a mistake to
     fix, raised naming the injector and stream. Both runners go by this rule.
 
-    >>> from millstream.model.codecs import CodecError
     >>> class Rows(Injector):
     ...     values_are_data = True
     ...     def initial_offset(self, partition): return {}
@@ -94,8 +94,6 @@ def refused_value(injector: "Injector", record: Record[Any], error: Exception, n
 
 def refusal(record: Record[Any], error: Exception, name: str, stream: str) -> Exception:
     """The error to raise for a record of injector `name` whose value the codec of `stream` refuses."""
-    from millstream.model.codecs import CodecError
-
     return CodecError(f"injector {name!r}, stream {stream!r}, record {record.id or record.key!r}: {error}")
 
 

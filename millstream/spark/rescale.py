@@ -26,7 +26,7 @@ from typing import Any, Iterator, Sequence
 from millstream.model.locations import is_local
 from millstream.spark.commit import Checkpoint, staged_after
 from millstream.spark.errors import user_error_message
-from millstream.spark.fencing import Lease, RootInUse
+from millstream.spark.fencing import Holder, Lease, RootInUse
 from millstream.spark.publog import PublicationLog
 from millstream.spark.layout import read_layout
 from millstream.spark.storage import Storage
@@ -64,41 +64,43 @@ def state_partitions(checkpoint: str) -> int | None:
     return len(partitions) or None
 
 
-def unfinished_repartition(checkpoint: str) -> int | None:
-    """The partition count of a repartition Spark logged and never committed (a rescale killed part
-    way), if any. A batch's partition count never changes but by a repartition, so an uncommitted
-    batch planned with another count than the last committed one is that repartition's batch."""
+def unfinished_repartition(checkpoint: str) -> tuple[int, int] | None:
+    """(partitions before, partitions asked for) of a repartition Spark logged and never committed (a
+    rescale killed part way), if any. A batch's partition count never changes but by a repartition,
+    so an uncommitted batch planned with another count than the last committed one is that
+    repartition's batch."""
     logged = Checkpoint(checkpoint)
     planned, committed = logged.last_planned(), logged.last_committed()
     if committed < 0 or planned <= committed:
         return None
     after = logged.batch_conf(planned).get(SHUFFLE_PARTITIONS)
     before = logged.batch_conf(committed).get(SHUFFLE_PARTITIONS)
-    return int(after) if after is not None and before is not None and after != before else None
+    return (int(before), int(after)) if after is not None and before is not None and after != before else None
 
 
 def check_no_unfinished_rescale(root: str, computation: str, checkpoint: str) -> None:
     """Refuse to start a computation whose checkpoint holds an unfinished repartition (Spark would
     fail the query on it), saying how to finish it."""
-    partitions = unfinished_repartition(checkpoint)
-    if partitions is not None:
+    unfinished = unfinished_repartition(checkpoint)
+    if unfinished is not None:
+        _, partitions = unfinished
         raise UnfinishedRescale(
             f"computation {computation!r}: a rescale to {partitions} state partitions was interrupted; finish it "
             f"before starting: millstream rescale {root} --computation {computation} --parallelism {partitions}")
 
 
-def check_not_in_use(root: str) -> None:
-    """Refuse (RootInUse) a root a live driver, or another rescale, holds."""
+def check_not_in_use(root: str) -> Holder | None:
+    """Refuse (RootInUse) a root a live driver, or another rescale, holds; else its lease's last holder."""
     holder = Lease(root).holder()
     if holder is not None and holder.heartbeat_ms > 0 and holder.is_alive():
         raise RootInUse(f"{Storage(root).describe()} is in use ({holder.describe()}): stop the pipeline first")
+    return holder
 
 
 @contextmanager
 def _holding_root(root: str) -> Iterator[None]:
     """The root's lease, held while the block runs (under the epoch it has: a rescale publishes nothing)."""
-    check_not_in_use(root)
-    holder = Lease(root).holder()
+    holder = check_not_in_use(root)
     lease = Lease(root)
     lease.hold(holder.epoch if holder is not None else 0)
     try:
@@ -164,9 +166,8 @@ def rescale(spark: Any, root: str, parallelism: int, computations: Sequence[str]
             abandoned = unfinished_repartition(checkpoint)
             started_from = None
             if abandoned is not None:  # Spark finishes it only with the count it was started with
-                logged = Checkpoint(checkpoint)
-                started_from = int(logged.batch_conf(logged.last_committed())[SHUFFLE_PARTITIONS])
-                _repartition(manager, name, checkpoint, abandoned)
+                started_from, interrupted = abandoned
+                _repartition(manager, name, checkpoint, interrupted)
             before = state_partitions(checkpoint)
             if before == parallelism:
                 done[name] = (started_from or before, parallelism)
