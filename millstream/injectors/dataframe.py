@@ -31,7 +31,9 @@ staged before it, over the whole input. Every partition publishes that largest e
 bound, BEGINNING_OF_TIME before any row; with `max_out_of_orderness_ms=None` it stays there. A row that
 breaks the bound is delivered late. With `bounded=True` the DataFrame is read once to its end (Spark's
 availableNow trigger) and, once all of it is staged, the watermark is END_OF_TIME: a pipeline over a
-directory of files then finishes.
+directory of files then finishes. Rows that arrive after that (a file added before the next run on the
+root) are read by the next run, late, and the run warns: the watermark already published cannot go
+back. For an input that grows between runs, use `bounded=False` and `max_out_of_orderness_ms`.
 
 Timestamps: the `timestamp` column is a Spark timestamp or date (converted to epoch milliseconds) or a
 whole number of epoch milliseconds. Values: the `value` column, or a dict of the columns named in
@@ -267,10 +269,26 @@ class DataFrameInjector(Injector):
             self._manifests.pop(gone, None)
         return batch - below
 
-    def mark_ended(self) -> None:
-        """A bounded DataFrame was staged to its end: the watermark may reach END_OF_TIME."""
-        batches = [int(n.split(".")[0]) for n in self._staged().list("batches") if n.endswith(".json")]
-        self._staged().create_json("END.json", {"last_batch": max(batches, default=-1)})
+    def mark_ended(self) -> int:
+        """A bounded DataFrame was staged to its end: the watermark may reach END_OF_TIME. Returns
+        how many rows were staged after the end an earlier run marked (they arrive late)."""
+        staged = self._staged()
+        batches = [int(n.split(".")[0]) for n in staged.list("batches") if n.endswith(".json")]
+        last = max(batches, default=-1)
+        earlier = staged.read_json("END.json")
+        if earlier is None:
+            staged.create_json("END.json", {"last_batch": last})
+            return 0
+        if last <= earlier["last_batch"]:
+            return 0
+        staged.write_json("END.json", {"last_batch": last})
+        return sum(sum((self._manifest(b) or {"rows": {}})["rows"].values()) for b in batches
+                   if b > earlier["last_batch"])
+
+    def last_batch(self) -> int | None:
+        """The last batch of a bounded DataFrame read to its end (None: not ended yet)."""
+        end = self._staged().read_json("END.json")
+        return None if end is None else int(end["last_batch"])
 
     def _staged(self) -> Any:
         if self.storage is None:

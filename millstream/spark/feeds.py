@@ -40,9 +40,12 @@ class Feeds:
         self._queries: dict[str, Any] = {}
         self._restarts: dict[str, int] = {}
         self._stopping = False
+        self._staging: set[str] = set()  # bounded injectors this run has not yet read to their end
+        self._notes: list[str] = []
 
     def start(self, pipeline_name: str) -> None:
         self._stopping = False
+        self._staging = {name for name, injector in self.injectors.items() if injector.bounded}
         for name in self.injectors:
             self._queries[name] = self._start(pipeline_name, name)
 
@@ -68,7 +71,26 @@ class Feeds:
         except Exception:
             return  # raise_if_failed reports it
         if not self._stopping and query.exception() is None:
-            self.injectors[name].mark_ended()
+            late = self.injectors[name].mark_ended()
+            if late:
+                self._notes.append(
+                    f"input {name!r} was read to its end by an earlier run on this root (bounded=True: its "
+                    f"watermark is END_OF_TIME); {late} row(s) arrived since and are delivered late. For an input "
+                    "that grows between runs, use bounded=False with max_out_of_orderness_ms")
+            self._staging.discard(name)
+
+    def take_notes(self) -> list[str]:
+        """What users should hear of this run's inputs, once."""
+        notes, self._notes = self._notes, []
+        return notes
+
+    def ends(self) -> dict[str, int] | None:
+        """The last staged batch of each bounded injector, once this run has read them all to their
+        end (None until then): a run is not over before its readers have read that far."""
+        if self._staging:
+            return None
+        ends = {name: injector.last_batch() for name, injector in self.injectors.items() if injector.bounded}
+        return {name: -1 if last is None else last for name, last in ends.items()}
 
     def raise_if_failed(self, pipeline_name: str, log_dir: str) -> None:
         for name, query in list(self._queries.items()):

@@ -558,7 +558,9 @@ class SparkRunner:
                 progress = self.progress()
                 if on_progress is not None:
                     on_progress(progress)
-                if progress.done and self._drained(progress, wall_timer_drain_s):
+                for note in self.feeds.take_notes():
+                    warnings.warn(note, stacklevel=2)
+                if progress.done and self._drained(progress, wall_timer_drain_s) and self._read_to_the_end(progress):
                     # The status files are shared with any driver that took over: done is ours to
                     # report only while our claims are still the newest.
                     self._check_still_in_charge()
@@ -579,6 +581,29 @@ class SparkRunner:
                 self.stop()
                 raise MillstreamRunError(f"stopped: another driver took over this root (epoch {claim['epoch']} "
                                          f"claimed computation {name!r}; this driver has epoch {self.epoch})")
+
+    def _read_to_the_end(self, progress: PipelineProgress) -> bool:
+        """Every computation has read, and published, all its senders hold: bounded inputs to the last
+        batch this run staged, producers' logs to their last batch. Watermarks say so in a first run,
+        not when a bounded input staged rows after an earlier run's end (they move no watermark)."""
+        ends = self.feeds.ends()
+        if ends is None:
+            return False
+        for name, commit in self.commits.items():
+            committed = commit.checkpoint.last_committed()
+            if progress.computations[name].batches - 1 < committed:
+                return False  # committed by Spark, not yet published
+            offset = commit.checkpoint.end_offset(committed) if committed >= 0 else None
+            read = offset["senders"] if offset else {}
+            for sender in commit.source_reader.senders():
+                at = read.get(sender.name, {})
+                if sender.partition is not None and sender.producer in ends:
+                    if at.get("offset", {}).get("batch", -1) < ends[sender.producer]:
+                        return False
+                elif sender.partition is None and sender.producer in self.commits:
+                    if at.get("position", -1) < _last_published(PublicationLog(self.root, sender.producer))[1]:
+                        return False
+        return True
 
     def _drained(self, progress: PipelineProgress, wall_timer_drain_s: float) -> bool:
         horizon = time.time() * 1000 + wall_timer_drain_s * 1000

@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from collections import Counter
 
 import pyarrow.parquet as pq
@@ -105,6 +106,11 @@ class Amounts(Computation):
         ctx.produce(Record(ctx.key, record.value["amount"], record.timestamp), "out")
 
 
+class Forward(Computation):
+    def process_record(self, ctx, record):
+        ctx.produce(Record(ctx.key, record.value, record.timestamp), "forwarded")
+
+
 def test_a_row_holding_a_value_the_stream_cannot_carry_is_a_dead_letter_not_a_stop(spark, tmp_path):
     """A row whose double column held NaN (Spark's JSON reader takes it; a division by zero makes one)
     stopped the run on the JSON codec's refusal, on every restart, even with the DataFrame fixed (the
@@ -125,6 +131,44 @@ def test_a_row_holding_a_value_the_stream_cannot_carry_is_a_dead_letter_not_a_st
         (f"u{i % 3}", i + 0.5, 1_000 + i) for i in range(30) if i != 7)
     [letter] = runner.read_stream(DEAD_LETTERS)
     assert "cannot carry" in letter.value["error"] and "nan" in letter.value["value"]
+
+
+def test_rows_arriving_after_a_bounded_input_ended_are_read_in_the_next_run_as_late(spark, tmp_path):
+    """A bounded input read to its end publishes END_OF_TIME; a file arriving before the next run on
+    the root was never read (the run found its input ended and finished at once: rows silently lost).
+    The next run reads them, late (they are behind the watermark already published), and says so.
+    Ground truth: the lines written."""
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+
+    def write(name, first):
+        rows = [{"user": f"u{i % 3}", "ts": 1_000 + i, "amount": i} for i in range(first, first + 10)]
+        (inputs / name).write_text("".join(json.dumps(row) + "\n" for row in rows))
+        return rows
+
+    def run_once():
+        df = spark.readStream.schema("user string, ts long, amount long").json(str(inputs))
+        injector = DataFrameInjector(df, key="user", timestamp="ts", partitions=2, bounded=True,
+                                     max_out_of_orderness_ms=1_000, name="clicks")
+        runner = SparkRunner(Pipeline("again").add_injector("clicks", injector, "in")
+                             .add_computation("amounts", Amounts(), ["in"], ["out"])
+                             .add_computation("downstream", Forward(), ["out"], ["forwarded"]),
+                             root=str(tmp_path / "root"), spark=spark)
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            progress = runner.run(timeout=240)
+        return runner, progress, [str(w.message) for w in said]
+
+    first = write("a.json", 0)
+    runner, progress, _ = run_once()
+    assert progress.computations["amounts"].late == 0
+    second = write("b.json", 10)
+    runner, progress, said = run_once()
+    expected = sorted((row["user"], row["amount"], row["ts"]) for row in first + second)
+    assert sorted((r.key, r.value, r.timestamp) for r in runner.read_stream("out")) == expected
+    assert sorted((r.key, r.value, r.timestamp) for r in runner.read_stream("forwarded")) == expected
+    assert progress.computations["amounts"].late == 10
+    assert any("'clicks'" in message and "late" in message for message in said)
 
 
 def test_a_micro_batch_spark_runs_again_is_never_staged_again(spark, tmp_path):
