@@ -872,25 +872,27 @@ class KeyGroupExecutor:
         self.keyed_after: list[dict[str, int]] = []  # per point, Segment.keyed_after()
 
     def step(self, deliveries: Iterable[Delivery], segments: Sequence[Segment], wall_time: int,
-             passthrough: Sequence[Produced] = ()) -> StepResult:
+             passthrough: Sequence[Produced] = (), forwarded: Sequence[Produced] = ()) -> StepResult:
         """Run one step: `deliveries` in input order (segment, then position), then due timers.
         `passthrough` are dead letters made before the computation (key extraction, malformed
-        input): published with the step's productions."""
+        input): published with the step's productions and counted as this computation's.
+        `forwarded`: another computation's productions published with this step's, counted by
+        their maker (a fused weak computation's dead letters)."""
         by_key: dict[str, list[Delivery]] = {}
         for delivery in deliveries:
             by_key.setdefault(delivery.key, []).append(delivery)
-        return self.step_keys(by_key, segments, wall_time, passthrough)
+        return self.step_keys(by_key, segments, wall_time, passthrough, forwarded)
 
     def step_keys(self, by_key: Mapping[str, Sequence[Delivery]], segments: Sequence[Segment], wall_time: int,
-                  passthrough: Sequence[Produced] = ()) -> StepResult:
+                  passthrough: Sequence[Produced] = (), forwarded: Sequence[Produced] = ()) -> StepResult:
         """`step`, with the deliveries already grouped by key (each key's in input order)."""
         if not segments:
             raise ValueError("a step has at least one input point (a heartbeat: Segment(wm, wm))")
         with bulk_work():  # a step's many short-lived objects beside the key group's live data (garbage.py)
-            return self._step(by_key, segments, wall_time, passthrough)
+            return self._step(by_key, segments, wall_time, passthrough, forwarded)
 
     def _step(self, by_key: Mapping[str, Sequence[Delivery]], segments: Sequence[Segment], wall_time: int,
-              passthrough: Sequence[Produced]) -> StepResult:
+              passthrough: Sequence[Produced], forwarded: Sequence[Produced]) -> StepResult:
         self.advanced = [s.advanced_to for s in segments]
         self.keyed_after = [s.keyed_after() for s in segments]
         self.keyed_advanced = {name: [after[name] for after in self.keyed_after] for name, _, _ in segments[0].keyed}
@@ -899,7 +901,7 @@ class KeyGroupExecutor:
         known = set(keys)
         keys.extend(k for k in self.store.due(last, wall_time, self.keyed_after[-1]) if k not in known)
         blobs = self.store.load(keys)
-        out: list[ProductionRow] = list(map(tuple, passthrough))  # type: ignore[arg-type]
+        out: list[ProductionRow] = [*map(tuple, forwarded), *map(tuple, passthrough)]  # type: ignore[list-item]
         metrics = StepMetrics(dead_letters=len(passthrough))
         changes: dict[str, StoredKey | None] = {}
         seen: dict[str, dict[str, int]] = {}
@@ -920,7 +922,7 @@ class KeyGroupExecutor:
         if untouched is not None:
             holds = earliest_holds(holds, [untouched] * len(segments))
         self.store.save(changes, seen, last, self.plan.dedup_horizon_ms)
-        metrics.productions = len(out)
+        metrics.productions = len(out) - len(forwarded)
         metrics.state_bytes = sum(len(k) + len(s.blob) for k, s in changes.items() if s is not None) + seen_bytes
         return StepResult(out, self.store.next_wall_time(), metrics, holds)
 

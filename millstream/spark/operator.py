@@ -58,7 +58,8 @@ OUTPUT_SCHEMA = ("key_group int, productions binary, computation string, records
                  "pending_timers long, wake_wall long, bytes_written long, upstream_reports binary, "
                  "holds array<long>")
 # A fused (weak) computation's output: its consumer's input rows, plus its own counters.
-FUSED_SCHEMA = "key_group int, bundle binary, rejected binary, plan binary, reports binary"
+# `rejected`: the consumer's own dead letters (its key extractors'); `forwarded`: the fused computation's.
+FUSED_SCHEMA = "key_group int, bundle binary, rejected binary, forwarded binary, plan binary, reports binary"
 
 # The computation instances set up in this worker process, by plan instance (set up once per process,
 # not per task).
@@ -119,6 +120,7 @@ class _GroupStep:
     def run(self, group: int, rows: Iterator[Any]) -> tuple[StepResult, int, BatchPlan, list[Any]]:
         bundles: list[bytes] = []
         rejected: list[Any] = []
+        forwarded: list[Any] = []
         upstream: list[Any] = []
         batch: bytes | None = None
         for row in rows:
@@ -127,13 +129,16 @@ class _GroupStep:
                 bundles.append(row.bundle)
             if row.rejected:
                 rejected.extend(unpack_productions(row.rejected))
+            if getattr(row, "forwarded", None):  # rows of a fused computation (FUSED_SCHEMA) only
+                forwarded.extend(unpack_productions(row.forwarded))
             reports = getattr(row, "reports", None)
             if reports:
                 upstream.extend(unpack(reports))
         plan = BatchPlan.loads(batch)  # type: ignore[arg-type]
         store = SparkKeyStore(self.head, self.chunks, self.namespace, group)
         try:
-            result = step_bundles(self.plan, store, bundles, self.codecs, plan.segments, plan.wall_time, rejected)
+            result = step_bundles(self.plan, store, bundles, self.codecs, plan.segments, plan.wall_time, rejected,
+                                  forwarded)
         except ComputationFailed as failure:
             report_failure(self.root, self.plan.name, str(failure))
             raise
@@ -141,13 +146,14 @@ class _GroupStep:
 
 
 def step_bundles(plan: ComputationPlan, store: KeyStore, bundles: list[bytes], codecs: dict[str, Any],
-                 segments: Sequence[Segment], wall_time: int, rejected: Sequence[Produced] = ()) -> StepResult:
+                 segments: Sequence[Segment], wall_time: int, rejected: Sequence[Produced] = (),
+                 forwarded: Sequence[Produced] = ()) -> StepResult:
     """A key group's step from its bundles, as every operator runs it (bench/core.py times this):
     the bundles are unpacked and stepped with the collector held back (core/garbage.py), and what
     is alive afterwards is frozen, so the daemon's collection after the task skips the caches."""
     with bulk_work():
         by_key = deliveries_by_key([unpack_deliveries(bundle) for bundle in bundles], codecs)
-        result = KeyGroupExecutor(plan, store).step_keys(by_key, segments, wall_time, rejected)
+        result = KeyGroupExecutor(plan, store).step_keys(by_key, segments, wall_time, rejected, forwarded)
         WORKER_GARBAGE.settle()
     return result
 
@@ -171,8 +177,6 @@ class KeyGroupProcessor(StatefulProcessor):
     def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:
         group = self.labels.group(key[0])
         result, bytes_written, _, upstream = self.step.run(group, rows)
-        # A fused producer's dead letters come through this step to be published, counted by it already.
-        result.metrics.dead_letters -= sum(report.get("dead_letters") or 0 for report in upstream)
         yield from output_rows(self.plan, group, result, bytes_written, pack(upstream) if upstream else None)
 
     def close(self) -> None:
@@ -201,9 +205,10 @@ class FusedProducerProcessor(StatefulProcessor):
         plan_blob = batch.dumps()
         by_group: dict[tuple[int, str], list[FeedItem]] = {}  # by the consumer's key group and the stream
         passthrough: list[Produced] = []
+        forwarded: list[Produced] = []
         for item in result.productions:
             if item.stream == DEAD_LETTERS:
-                passthrough.append(item)
+                forwarded.append(item)
                 continue
             handed = self._hand_over(item)
             if isinstance(handed, Produced):
@@ -214,10 +219,11 @@ class FusedProducerProcessor(StatefulProcessor):
             for start in range(0, len(items), BUNDLE_RECORDS):
                 yield Row(key_group=self.labels.label(target),
                           bundle=pack_deliveries(stream, False, items[start:start + BUNDLE_RECORDS]),
-                          rejected=None, plan=plan_blob, reports=None)
+                          rejected=None, forwarded=None, plan=plan_blob, reports=None)
         report = group_report(self.plan, group, result, bytes_written)
         yield Row(key_group=self.labels.label(group % self.consumer.key_groups), bundle=None,
-                  rejected=pack_productions(passthrough) if passthrough else None, plan=plan_blob, reports=pack([report]))
+                  rejected=pack_productions(passthrough) if passthrough else None,
+                  forwarded=pack_productions(forwarded) if forwarded else None, plan=plan_blob, reports=pack([report]))
 
     def _hand_over(self, item: Produced) -> FeedItem | Produced:
         """A production as the consumer's delivery (keyed by its extractor for the stream)."""
