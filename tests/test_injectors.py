@@ -627,3 +627,16 @@ def test_feed_refuses_one_bare_record_and_records_that_are_none():
         harness.feed("src", Record("k", 1, 5))
     with pytest.raises(InjectorError, match="injector 'src' gave a record whose timestamp is a str"):
         harness.feed("src", [Record("k", 1, "5")])
+
+
+def test_a_finished_file_input_says_nothing_new_however_the_clock_moves(tmp_path):
+    # Its offset changed with the clock's watermark on every call: the runner planned an empty batch
+    # per trigger for it, and a run could not tell it had read everything.
+    (tmp_path / "a.jsonl").write_text('{"key": "a", "value": 1, "timestamp": 5}\n')
+    (tmp_path / "_DONE").touch()
+    inj = FileInjector(str(tmp_path))
+    end = inj.latest_offset("0", inj.initial_offset("0"), None)
+    time.sleep(0.005)
+    assert end["done"] and inj.latest_offset("0", end, None) == end
+    (tmp_path / "b.jsonl").write_text('{"key": "b", "value": 2, "timestamp": 6}\n')
+    assert inj.latest_offset("0", end, None)["read"] == ["a.jsonl", "b.jsonl"]

@@ -285,11 +285,6 @@ class DataFrameInjector(Injector):
         return sum(sum((self._manifest(b) or {"rows": {}})["rows"].values()) for b in batches
                    if b > earlier["last_batch"])
 
-    def last_batch(self) -> int | None:
-        """The last batch of a bounded DataFrame read to its end (None: not ended yet)."""
-        end = self._staged().read_json("END.json")
-        return None if end is None else int(end["last_batch"])
-
     def _staged(self) -> Any:
         if self.storage is None:
             raise PipelineError(f"DataFrameInjector {self.name!r} reads what the Spark runner stages; it runs on "

@@ -160,8 +160,8 @@ class FileInjector(Injector):
         watermark = max(watermark, start["watermark"])
         done = done_marker and not remaining
         end = {"read": read, "watermark": watermark, "done": done}
-        if end["read"] == start["read"] and not done and watermark == start["watermark"]:
-            return start
+        if end["read"] == start["read"] and done == start["done"] and (done or watermark == start["watermark"]):
+            return start  # finished, the clock's watermark means nothing new
         return end
 
     def read(self, partition: str, start: Offset, end: Offset) -> Iterator[Record[Any] | Malformed]:

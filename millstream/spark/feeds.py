@@ -84,13 +84,9 @@ class Feeds:
         notes, self._notes = self._notes, []
         return notes
 
-    def ends(self) -> dict[str, int] | None:
-        """The last staged batch of each bounded injector, once this run has read them all to their
-        end (None until then): a run is not over before its readers have read that far."""
-        if self._staging:
-            return None
-        ends = {name: injector.last_batch() for name, injector in self.injectors.items() if injector.bounded}
-        return {name: -1 if last is None else last for name, last in ends.items()}
+    def staged_to_the_end(self) -> bool:
+        """This run has staged every bounded DataFrame to its end (a run is not over before)."""
+        return not self._staging
 
     def raise_if_failed(self, pipeline_name: str, log_dir: str) -> None:
         for name, query in list(self._queries.items()):

@@ -583,11 +583,11 @@ class SparkRunner:
                                          f"claimed computation {name!r}; this driver has epoch {self.epoch})")
 
     def _read_to_the_end(self, progress: PipelineProgress) -> bool:
-        """Every computation has read, and published, all its senders hold: bounded inputs to the last
-        batch this run staged, producers' logs to their last batch. Watermarks say so in a first run,
-        not when a bounded input staged rows after an earlier run's end (they move no watermark)."""
-        ends = self.feeds.ends()
-        if ends is None:
+        """Every computation has read, and published, all its senders hold: each injector partition
+        up to what it has now (this run's bounded DataFrames staged to their end), producers' logs
+        to their last batch. Watermarks say so in a first run, not when an input that had finished
+        (END_OF_TIME published) has more by the next run: such records move no watermark."""
+        if not self.feeds.staged_to_the_end():
             return False
         for name, commit in self.commits.items():
             committed = commit.checkpoint.last_committed()
@@ -597,10 +597,12 @@ class SparkRunner:
             read = offset["senders"] if offset else {}
             for sender in commit.source_reader.senders():
                 at = read.get(sender.name, {})
-                if sender.partition is not None and sender.producer in ends:
-                    if at.get("offset", {}).get("batch", -1) < ends[sender.producer]:
+                node = self.pipeline.injectors.get(sender.producer)
+                if node is not None and sender.partition is not None:
+                    start = at.get("offset") or node.injector.initial_offset(sender.partition)
+                    if node.injector.latest_offset(sender.partition, start, None) != start:
                         return False
-                elif sender.partition is None and sender.producer in self.commits:
+                elif node is None and sender.producer in self.commits:
                     if at.get("position", -1) < _last_published(PublicationLog(self.root, sender.producer))[1]:
                         return False
         return True

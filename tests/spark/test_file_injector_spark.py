@@ -5,7 +5,7 @@ import json
 import os
 import time
 
-from millstream import FileInjector, Pipeline
+from millstream import Computation, FileInjector, Pipeline, Record
 from millstream.apps.dips import Windower
 from millstream.spark.runner import SparkRunner
 
@@ -56,3 +56,38 @@ def test_file_logs_windowed_on_spark_with_a_late_file(spark, tmp_path):
     assert counts == expected
     assert progress.computations["windower"].late == 1
     assert progress.computations["windower"].records == 6 * 50 + 1
+
+
+class Echo(Computation):
+    def process_record(self, ctx, record):
+        ctx.produce(Record(ctx.key, record.value["i"], record.timestamp), "out")
+
+
+def test_files_added_after_the_input_finished_are_read_by_the_next_run(spark, tmp_path):
+    """A root whose file input had finished (`_DONE`, END_OF_TIME published) was run again after more
+    files arrived: the run found its watermarks at the end, finished at once and read nothing ("0
+    records in this run", exit 0), so those files were never read. Now they are (late: the watermark
+    published cannot go back). Ground truth: the lines written."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    written = []
+
+    def add(name, first):
+        records = [{"key": f"q{i % 3}", "value": {"i": i}, "timestamp": 10_000 + i} for i in range(first, first + 20)]
+        write_log(logs, name, records, created_ms=10_000)
+        written.extend(records)
+
+    def run():
+        pipeline = (Pipeline("daily").add_injector("logs", FileInjector(str(logs)), "in")
+                    .add_computation("echo", Echo(), ["in"], ["out"]))
+        runner = SparkRunner(pipeline, root=str(tmp_path / "root"), spark=spark)
+        return runner, runner.run(timeout=240)
+
+    add("day-1.jsonl", 0)
+    (logs / "_DONE").touch()
+    run()
+    add("day-2.jsonl", 20)
+    runner, progress = run()
+    assert sorted((r.key, r.value, r.timestamp) for r in runner.read_stream("out")) == sorted(
+        (r["key"], r["value"]["i"], r["timestamp"]) for r in written)
+    assert progress.computations["echo"].late == 20
