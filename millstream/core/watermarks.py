@@ -41,9 +41,12 @@ Coalescing rules (as Hazelcast's WatermarkCoalescer):
 4. If every sender is idle the computation is idle too, and says so downstream (seed 001 forwards the
    idle message), unless a timer holds its watermark (a hold is pending work: downstream must wait for
    it, not leave the computation out); its watermark holds where it is rather than jumping ahead.
-   Jumping ahead would gain nothing (an idle computation has nothing pending to release) and would turn
-   whatever arrives when an input wakes up into late data; holding keeps it on time, and downstream,
-   where the idle computation is left out, the active senders move the watermark.
+   Jumping ahead would turn whatever arrives when an input wakes up into late data; holding keeps it
+   on time here, and downstream, where the idle computation is left out, the active senders move the
+   watermark. Event-time timers without a hold (a window still open) do not keep a computation from
+   being idle: what they produce once an input wakes up is judged downstream against the watermark
+   its other senders moved on, and may be late there, as a woken injector partition's records may.
+   A timer set with `hold=` is what keeps such output on time: downstream then waits for it.
 
 Worked example (the Hazelcast design's, senders 0 and 1):
 
