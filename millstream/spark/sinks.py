@@ -56,6 +56,7 @@ class SinkDelivery:
             name: queue.Queue() for name in deliverers}
         self.failure: BaseException | None = None
         self._threads: list[threading.Thread] = []
+        self._stopping = threading.Event()
         self.idle = {name: threading.Event() for name in deliverers}
 
     def progress_file(self, sink: str, producer: str) -> str:
@@ -82,17 +83,28 @@ class SinkDelivery:
                 self.idle[sink].clear()
                 self.queues[sink].put((producer, position, entry))
 
+    def add_producer(self, producer: str, stream: str) -> None:
+        """A computation added while running: the sinks on `stream` receive its batches too."""
+        for node, producers, _ in self.deliverers.values():
+            if node.stream == stream and producer not in producers:
+                producers.append(producer)
+
     def start(self) -> None:
+        self._stopping.clear()
         for sink in self.deliverers:
             thread = threading.Thread(target=self._loop, args=(sink,), name=f"millstream-sink-{sink}", daemon=True)
             thread.start()
             self._threads.append(thread)
 
     def stop(self) -> None:
+        """Stop after the deliveries under way: what is queued stays undelivered, for the next run's
+        catch_up (delivering it from here would race the next driver, which delivers it too)."""
+        self._stopping.set()
         for sink in self.deliverers:
             self.queues[sink].put(None)
         for thread in self._threads:
             thread.join(timeout=60)
+        self._threads.clear()
 
     def wait_idle(self, timeout: float) -> bool:
         deadline = time.time() + timeout
@@ -110,7 +122,7 @@ class SinkDelivery:
             if items.empty():
                 self.idle[sink].set()
             item = items.get()
-            if item is None:
+            if item is None or self._stopping.is_set():
                 return
             producer, position, entry = item
             failing = entry
@@ -123,6 +135,8 @@ class SinkDelivery:
                 for earlier_position, earlier in PublicationLog(self.root, producer).entries_from(at):
                     if earlier_position >= position:
                         break
+                    if self._stopping.is_set():
+                        return
                     if earlier["type"] == BATCH and earlier["batch"] > last:
                         failing = earlier
                         self._deliver(sink, deliver, producer, earlier_position, earlier)
