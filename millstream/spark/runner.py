@@ -33,7 +33,8 @@ import pyarrow.parquet as pq
 from millstream.core.plan import DEFAULT_KEY_GROUPS, ComputationPlan, declared_state, plan_computation
 from millstream.core.watermarks import declared_keyed
 from millstream.model.locations import is_local, local_path
-from millstream.model.pipeline import WALL_TIMER_DRAIN_S, ErrorPolicy, Pipeline, PipelineError, Production
+from millstream.model.pipeline import (DEAD_LETTERS, WALL_TIMER_DRAIN_S, ErrorPolicy, Pipeline, PipelineError,
+                                      Production)
 from millstream.model.records import Record
 from millstream.spark import statestore
 from millstream.spark.commit import BatchStager, Checkpoint, ComputationCommit, Publisher, repair_statuses
@@ -435,6 +436,7 @@ class SparkRunner:
         read = sorted({f"{stream!r} (read by {reader!r})" for stream in changed.computations[name].outputs
                        for reader in [*self.pipeline.consumers(stream),
                                       *(k.name for k in self.pipeline.sinks.values() if k.stream == stream)]})
+        read += [f"{DEAD_LETTERS!r} (read by {reader!r})" for reader in self.pipeline.consumers(DEAD_LETTERS)]
         if read:  # its readers' inputs are fixed while they run (spark/resume.py)
             raise PipelineError(f"computation {name!r} would produce to {', '.join(read)}, which the running "
                                 "pipeline reads already: a running reader cannot take a new producer; produce to a new "
@@ -447,6 +449,8 @@ class SparkRunner:
         self._claim_computation(name)
         self._start_positions[name] = self._positions_now(self.plans[name]) if start == "latest" else {}
         self._write_layout()
+        if self.sinks is not None:  # sinks on the dead letters take its dead letters too
+            self.sinks.add_producer(name, DEAD_LETTERS)
         self._queries[name] = self._start_query(name)
 
     def remove_computation(self, name: str) -> None:

@@ -97,3 +97,39 @@ def test_a_computation_added_and_one_removed_while_running_leave_the_others_unch
     again = (pipeline(with_extra=False).add_computation("auditor", Total("audit"), ["windows"], ["audit"])
              .add_computation("newcomer", Total("fresh"), ["windows"], ["fresh"]))
     SparkRunner(again, root=str(tmp_path / "changing"), spark=spark).run(timeout=120)
+
+
+class Picky(Computation):
+    """Fails on the windows of buckets that are multiples of 3 seconds."""
+
+    def process_record(self, ctx, record):
+        bucket, count = record.value
+        if bucket % 3_000 == 0:
+            raise ValueError(f"picky about {bucket}")
+        ctx.produce(Record(ctx.key, count, record.timestamp), "fine")
+
+
+def test_dead_letters_of_a_computation_added_while_running_reach_the_dead_letter_sink(spark, tmp_path):
+    """The sinks' producers were fixed at start: a computation added while running had its dead
+    letters published but never delivered to the sink on dead letters, and the run ended so (0 of
+    28). Ground truth: the windows' buckets in plain Python."""
+    from millstream import DEAD_LETTERS
+
+    gate, sink = tmp_path / "gate", tmp_path / "dead"
+    runner = SparkRunner(pipeline(with_extra=False, gate=str(gate)).add_sink("dead", DEAD_LETTERS, str(sink),
+                                                                             format="jsonl"),
+                         root=str(tmp_path / "root"), spark=spark)
+    added = []
+
+    def change(progress):
+        if not added and progress.computations["windower"].batches >= 2:
+            runner.add_computation("picky", Picky(), ["windows"], ["fine"], on_error="dead_letter")
+            added.append(True)
+            gate.touch()
+
+    runner.run(on_progress=change, progress_interval=0.5, timeout=600)
+    assert added
+    expected = sorted({(f"k{i % 4}", 5 * i - 5 * i % 1000) for i in range(EVENTS) if (5 * i - 5 * i % 1000) % 3_000 == 0})
+    delivered = sorted((row["key"], row["value"]["value"][0]) for name in os.listdir(sink) if name.endswith(".jsonl")
+                       for row in map(json.loads, open(sink / name)) if row["value"]["computation"] == "picky")
+    assert delivered == expected
