@@ -22,6 +22,7 @@ from millstream import (
     ValueState,
 )
 from millstream.injectors import generator as generator_module
+from millstream.model.injector import Malformed
 from millstream.injectors.files import DONE_MARKER
 from millstream.model.records import derive_record_id
 from millstream.testing import PipelineHarness
@@ -640,3 +641,14 @@ def test_a_finished_file_input_says_nothing_new_however_the_clock_moves(tmp_path
     assert end["done"] and inj.latest_offset("0", end, None) == end
     (tmp_path / "b.jsonl").write_text('{"key": "b", "value": 2, "timestamp": 6}\n')
     assert inj.latest_offset("0", end, None)["read"] == ["a.jsonl", "b.jsonl"]
+
+
+def test_a_file_line_without_a_value_is_malformed_not_delivered_as_none(tmp_path):
+    # {"vale": ...} (a typo) was delivered with value None.
+    (tmp_path / "a.jsonl").write_text('{"key": "a", "vale": 1, "timestamp": 5}\n{"key": "b", "value": null, '
+                                      '"timestamp": 6}\n')
+    inj = FileInjector(str(tmp_path))
+    start = inj.initial_offset("0")
+    items = list(inj.read("0", start, inj.latest_offset("0", start, None)))
+    assert isinstance(items[0], Malformed) and "'value'" in items[0].error
+    assert isinstance(items[1], Record) and items[1].value is None  # an explicit null is a value

@@ -185,7 +185,7 @@ def _parse(line: str, name: str, number: int, source: str) -> Record[Any] | Malf
     position = f"{name}:{number}"
     try:
         item = strict_json.loads(line)  # the pipeline's JSON codec refuses NaN and infinities too
-        key, timestamp = item["key"], item["timestamp"]
+        key, value, timestamp = item["key"], item["value"], item["timestamp"]
     except UnicodeEncodeError:  # bytes that are not UTF-8 (read as surrogate escapes)
         shown = line.encode("utf-8", "surrogateescape").decode("utf-8", "replace").rstrip("\n")
         return Malformed(position, shown, "not UTF-8 text (the bytes that are not are shown as U+FFFD)")
@@ -199,4 +199,4 @@ def _parse(line: str, name: str, number: int, source: str) -> Record[Any] | Malf
     record_id = item.get("id")
     if record_id is None:
         record_id = derive_record_id("file", source, number)
-    return Record(key, item.get("value"), timestamp, str(record_id))
+    return Record(key, value, timestamp, str(record_id))
