@@ -149,3 +149,21 @@ idle = (Pipeline("idle")
     # An input paced at 40 records/s is read to its end (the run stopped at once, 0 of 20 read).
     paced = call(millstream_main, "run", "wallpipes:paced", "--runner", "harness", cwd=str(tmp_path))
     assert paced.code == 0 and "in: 20 records" in paced.stdout, paced.output
+
+
+def test_run_refuses_a_cycle_before_touching_the_root(tmp_path) -> None:
+    """A pipeline whose streams loop back is refused in one line, on either runner, and the Spark
+    runner's root is not made (it was made, with its pipeline.json, before the cycle was found)."""
+    (tmp_path / "loops.py").write_text('''
+from millstream import Computation, GeneratorInjector, Pipeline, Record
+
+loop = (Pipeline("loop").add_injector("src", GeneratorInjector(lambda i: Record("k", i, i), 5, lambda n: n), "in")
+        .add_computation("a", Computation(), ["in", "back"], ["out"])
+        .add_computation("b", Computation(), ["out"], ["back"]))
+''')
+    root = tmp_path / "root"
+    cycle = ("loops:loop: cycle through computation 'a': 'a' produces 'out', read by 'b'; 'b' produces 'back', "
+             "read by 'a'")
+    assert_refused(call(millstream_main, "run", "loops:loop", "--root", str(root), cwd=str(tmp_path)), cycle)
+    assert not root.exists()
+    assert_refused(call(millstream_main, "run", "loops:loop", "--runner", "harness", cwd=str(tmp_path)), cycle)

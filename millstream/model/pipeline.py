@@ -440,6 +440,7 @@ class Pipeline:
             if DEAD_LETTERS in node.inputs and len(node.inputs) > 1:
                 raise PipelineError(f"computation {node.name!r}: a computation that reads {DEAD_LETTERS!r} "
                                     "reads nothing else")
+        self._check_no_cycle()
         for node in self.computations.values():
             self._check_id_namespaces(node)
         for sink in self.sinks.values():
@@ -481,6 +482,36 @@ class Pipeline:
                         "productions to fan out"
                     )
         self.weak_fusions()
+
+    def _check_no_cycle(self) -> None:
+        """Refuse streams that loop back to a computation that produces them, naming the loop: each
+        computation in it, the stream it produces and who reads that, from the computation where a walk
+        downstream from each computation in name order first comes back. A computation reading the dead
+        letters does not receive its own."""
+        done: set[str] = set()
+        path: list[tuple[str, str]] = []  # (computation, the stream it produces to the next)
+
+        def visit(name: str) -> None:
+            for stream in (*self.computations[name].outputs, DEAD_LETTERS):
+                for consumer in self.consumers(stream):
+                    if consumer in done or (stream == DEAD_LETTERS and consumer == name):
+                        continue
+                    on_path = [step for step, _ in path] + [name]
+                    if consumer in on_path:
+                        loop = [*path, (name, stream)][on_path.index(consumer):]
+                        readers = [who for who, _ in loop[1:]] + [consumer]
+                        links = "; ".join(f"{who!r} produces {what!r}, read by {reader!r}"
+                                          for (who, what), reader in zip(loop, readers))
+                        raise PipelineError(f"cycle through computation {consumer!r}: {links}; a computation "
+                                            "cannot read what it produces, directly or through others")
+                    path.append((name, stream))
+                    visit(consumer)
+                    path.pop()
+            done.add(name)
+
+        for name in sorted(self.computations):
+            if name not in done:
+                visit(name)
 
     def weak_fusions(self) -> dict[str, str]:
         """Weak computation -> the strong computation it is fused into (the Spark runner runs the two

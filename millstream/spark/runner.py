@@ -162,12 +162,12 @@ class SparkRunner:
             known = stored.get("key_groups") if isinstance(stored, dict) else None
             key_groups = known if isinstance(known, int) and not isinstance(known, bool) else DEFAULT_KEY_GROUPS
         self.key_groups = key_groups
-        self._create_or_check_layout()
         self._parallelism = parallelism
         self.plans: dict[str, ComputationPlan] = {
             name: plan_computation(pipeline, name, self.key_groups, self._fused_into)
             for name in pipeline.topological_order()
         }
+        self._create_or_check_layout()  # the first write to the root: after every check of the pipeline
         self.lease = Lease(self.root)
         self.commits: dict[str, ComputationCommit] = {}
         self.publisher: Publisher | None = None
