@@ -36,6 +36,7 @@ from millstream.console.options import (
 )
 from millstream.console.progress import ProgressDisplay, RateMeter, Snapshot
 from millstream.console.running import (
+    harness_failure,
     input_records,
     run_command,
     run_on_harness,
@@ -339,7 +340,12 @@ def run_pipeline(args: argparse.Namespace) -> int:
 def _run_on_harness(pipeline: Pipeline, args: argparse.Namespace) -> int:
     from millstream.testing import PipelineHarness
 
-    harness = PipelineHarness(pipeline, wall_time=int(time.time() * 1000))  # run_on_harness follows the clock
+    try:  # run_on_harness follows the clock
+        harness = PipelineHarness(pipeline, wall_time=int(time.time() * 1000))
+    except PipelineError as error:
+        raise UsageError(str(error)) from None
+    except Exception as error:  # a computation's setup() raised
+        raise harness_failure(pipeline, error) from None
     print(f"running {args.target} in-process (harness: no Spark, sinks not written)", flush=True)
 
     def snapshot(harness: Any) -> Snapshot:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import tempfile
 from pathlib import Path
 from types import ModuleType
 
@@ -167,3 +168,105 @@ loop = (Pipeline("loop").add_injector("src", GeneratorInjector(lambda i: Record(
     assert_refused(call(millstream_main, "run", "loops:loop", "--root", str(root), cwd=str(tmp_path)), cycle)
     assert not root.exists()
     assert_refused(call(millstream_main, "run", "loops:loop", "--runner", "harness", cwd=str(tmp_path)), cycle)
+
+
+MISTAKES = '''
+import datetime
+
+from millstream import Computation, GeneratorInjector, Pipeline, Record
+
+
+class Raises(Computation):
+    def process_record(self, ctx, record):
+        raise ValueError("boom")
+
+
+class RaisesInTimer(Computation):
+    def process_record(self, ctx, record):
+        ctx.set_timer("t", record.timestamp + 1)
+
+    def process_timer(self, ctx, timer):
+        raise KeyError("tick")
+
+
+class SetupRaises(Computation):
+    def setup(self, info):
+        raise RuntimeError("no database")
+
+
+class Undeclared(Computation):
+    def process_record(self, ctx, record):
+        ctx.produce(record, "nowhere")
+
+
+class Tuples(Computation):
+    def process_record(self, ctx, record):
+        ctx.produce(Record(record.key, (1, 2), record.timestamp), "out")
+
+
+def one(computation, make=lambda i: Record("k", i, i), key=None):
+    injector = GeneratorInjector(make, total=5, low_watermark=lambda n: n)
+    return (Pipeline("mistakes").add_injector("src", injector, "in")
+            .add_computation("c", computation, {"in": key} if key else ["in"], ["out"]))
+
+
+def bad_input(i):
+    return 1 / 0
+
+
+raises = one(Raises())
+timer = one(RaisesInTimer())
+undeclared = one(Undeclared())
+float_time = one(Computation(), lambda i: Record("k", i, float(i)))
+datetime_time = one(Computation(), lambda i: Record("k", i, datetime.datetime(2024, 1, 1)))
+tuples = one(Tuples())
+int_key = one(Computation(), key=lambda record: 5)
+raising_key = one(Computation(), key=lambda record: 1 / 0)
+raising_injector = one(Computation(), bad_input)
+setup_raises = one(SetupRaises())
+'''
+
+
+def test_a_harness_run_ends_a_users_mistake_in_one_line(tmp_path, monkeypatch) -> None:
+    """User code raising (in process_record, in process_timer, in a key extractor, in an injector's
+    function), producing to an undeclared stream, an injector's float or datetime timestamps, a value
+    its stream's codec cannot store: one line naming the computation, key and record and where the
+    full trace is, exit code 1, as on Spark (a 35-56 line traceback before, after "starting" twice)."""
+    (tmp_path / "mistakes.py").write_text(MISTAKES)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(logs))  # where the harness leaves the full traces
+    errors_log = logs / "millstream-logs" / "mistakes" / "errors.log"
+    record = "record 'b7fb4f0c7c6c14f365c4722f' from stream 'in' (timestamp 0)"
+    expected = {
+        "raises": f"computation 'c' failed on key 'k', {record}: ValueError: boom",
+        "timer": "computation 'c' failed on key 'k', timer 't' at 5: KeyError: 'tick'",
+        "undeclared": f"computation 'c' failed on key 'k', {record}: ComputationError: computation 'c' produced to "
+                      "stream 'nowhere', which is not among its declared outputs ['out']",
+        "float_time": "injector 'src' gave a record whose timestamp is a float (0.0); timestamps are int "
+                      "milliseconds since the epoch",
+        "datetime_time": "injector 'src' gave a record whose timestamp is a datetime",
+        "tuples": f"computation 'c' failed on key 'k', {record}: CodecError: stream 'out': JSON cannot store a "
+                  "tuple (1, 2)",
+        "int_key": "computation 'c': key extractor for stream 'in' failed: TypeError: returned int 5; keys must "
+                   "be str, on record 'b7fb4f0c7c6c14f365c4722f'",
+        "raising_key": "computation 'c': key extractor for stream 'in' failed: ZeroDivisionError: division by zero",
+        "raising_injector": "ZeroDivisionError: division by zero",
+    }
+    for name, message in expected.items():
+        ran = call(millstream_main, "run", f"mistakes:{name}", "--runner", "harness", cwd=str(tmp_path))
+        assert ran.code == 1, (name, ran.output)
+        assert "Traceback" not in ran.output, ran.output
+        assert ran.error_lines() == [ran.stderr.strip()], ran.stderr
+        line = ran.stderr.strip()
+        assert line.startswith("millstream: error: ") and message in line, (name, line)
+        assert line.endswith(f"(full trace in {errors_log})"), line
+        assert ran.stdout.count("starting") == 1, ran.stdout
+        assert "done in" not in ran.stdout, ran.stdout
+    # A computation's setup() raising, as the harness is made: the same, before anything started.
+    ran = call(millstream_main, "run", "mistakes:setup_raises", "--runner", "harness", cwd=str(tmp_path))
+    assert ran.code == 1 and "Traceback" not in ran.output, ran.output
+    assert ran.error_lines() == [f"millstream: error: RuntimeError: no database (full trace in {errors_log})"]
+    trace = errors_log.read_text()
+    assert trace.count("Traceback") >= len(expected) + 1
+    assert 'raise ValueError("boom")' in trace and "return 1 / 0" in trace  # the user's own lines

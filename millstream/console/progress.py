@@ -297,7 +297,7 @@ class ProgressDisplay:
             self._live.refresh()
             self._live.stop()
             self._live = None
-        else:
+        elif self.snapshot is not None:  # else the line saying it is waiting is there already
             self._emit_plain(force=True)
         if self._out is not None and self._out is not self.stream:
             self._out.flush()

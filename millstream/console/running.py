@@ -1,7 +1,9 @@
 """Running a pipeline from a command: on Spark or on the in-process harness, with the progress
 display, and every way it can end turned into one line and an exit code.
 
-Exit codes: 0 done; 1 the run failed (the line says why and which log has the details); 2 refused
+Exit codes: 0 done; 1 the run failed (the line says why and which log has the details: on the
+harness, which keeps nothing, errors.log in a directory of the pipeline's own under the system's temporary
+directory); 2 refused
 before anything ran (options.UsageError); 130 interrupted (Ctrl-C; a Spark run resumes when the
 same command is run again).
 """
@@ -9,7 +11,9 @@ same command is run again).
 from __future__ import annotations
 
 import os
+import re
 import sys
+import tempfile
 import time
 import traceback
 from typing import Any, Callable, Sequence
@@ -150,6 +154,34 @@ def run_on_harness(harness: Any, display: ProgressDisplay, snapshot: Callable[[A
     injector partition finished or declared itself idle (a rate-limited input is waited for), nothing
     moves, and nothing would within `wall_timer_drain_s` (a wall-time timer falling due, an input
     declaring itself idle), as SparkRunner.run waits (which also waits for idle inputs to finish)."""
+    try:
+        return _run_on_harness(harness, display, snapshot, records_per_step, timeout, wall_timer_drain_s)
+    except (KeyboardInterrupt, RunFailed):
+        raise
+    except Exception as error:
+        raise harness_failure(harness.pipeline, error) from None
+
+
+def harness_log(pipeline: Pipeline) -> str:
+    """Where a harness run of `pipeline` keeps the full traces of its failures (it has no root)."""
+    return os.path.join(tempfile.gettempdir(), "millstream-logs", re.sub(r"[^\w.-]", "_", pipeline.name), "errors.log")
+
+
+def harness_failure(pipeline: Pipeline, error: Exception) -> RunFailed:
+    """A run of `pipeline` on the harness failed with `error` (user code raised, a value its codec
+    refused, an injector's bad record, ...): its full trace appended to harness_log, and one line
+    saying what failed (millstream's own errors name the computation, key and record) and where the
+    trace is, as on Spark."""
+    errors_log = harness_log(pipeline)
+    _append_trace(errors_log, error)
+    line = _first_line(error)
+    if not type(error).__module__.startswith("millstream."):  # the user's own exception, as it was raised
+        line = f"{type(error).__name__}: {line}"
+    return RunFailed(f"{line} (full trace in {errors_log})")
+
+
+def _run_on_harness(harness: Any, display: ProgressDisplay, snapshot: Callable[[Any], Snapshot],
+                    records_per_step: int, timeout: float | None, wall_timer_drain_s: float) -> Snapshot:
     started = time.time()
     last = 0.0
     with display:
