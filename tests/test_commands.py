@@ -180,6 +180,18 @@ def test_a_refusal_to_start_is_told_as_it_is_not_as_a_spark_failure(tmp_path, qu
     assert str(failed.value) == str(error)
 
 
+def test_a_pipeline_the_runner_refuses_as_it_starts_is_a_refusal_not_a_spark_failure(tmp_path, quiet_display) -> None:
+    # A computation that cannot be pickled, found before Spark starts, was "Spark failed: ..." with exit 1.
+    from millstream.model.pipeline import PipelineError
+
+    error = PipelineError("computation 'c' cannot be sent to Spark's workers: attribute 'lock' holds a "
+                          "_thread.lock, which cannot be pickled; create it in setup()")
+    with pytest.raises(UsageError) as refused:
+        run_on_spark(FakeRunner(str(tmp_path), 0, 10, error), quiet_display, _snapshot, _records)
+    assert str(refused.value) == str(error)
+    assert not (tmp_path / "errors.log").exists()  # no trace to read: the line says it all
+
+
 def test_rate_after_a_resume_counts_only_this_runs_records(tmp_path, quiet_display) -> None:
     final = run_on_spark(FakeRunner(str(tmp_path), before=100_000, after=130_000), quiet_display, _snapshot, _records)
     assert final.records == 130_000 and final.records_this_run == 30_000

@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence
 
 from millstream.console.options import EXIT_USAGE, UsageError
 from millstream.console.progress import ComputationStatus, ProgressDisplay, Snapshot
-from millstream.model.pipeline import WALL_TIMER_DRAIN_S, Pipeline
+from millstream.model.pipeline import WALL_TIMER_DRAIN_S, Pipeline, PipelineError
 from millstream.model.records import BEGINNING_OF_TIME
 
 EXIT_FAILED = 1
@@ -120,6 +120,8 @@ def run_on_spark(runner: Any, display: ProgressDisplay, snapshot: Callable[[Any,
     except Exception as error:
         if type(error).__name__ in REFUSALS_TO_START:  # nothing failed: the message says what to do
             raise RunFailed(_first_line(error)) from None
+        if isinstance(error, PipelineError):  # refused as it starts (what cannot be sent to Spark's workers)
+            raise UsageError(_first_line(error)) from None
         if type(error).__name__ == "MillstreamRunError":  # the runner's own report: what failed, where the trace is
             lines = [line.strip() for line in str(error).splitlines() if line.strip()]
             pointer = f" {lines[-1]}" if len(lines) > 1 and "errors.log" in lines[-1] else ""

@@ -54,6 +54,7 @@ from millstream.spark.rescale import check_no_unfinished_rescale
 from millstream.spark.rootfiles import LAYOUT_FILE, read_status_history, wake_file
 from millstream.spark.sinks import SinkDelivery, SinkError, check_sink_formats, sink_deliverers
 from millstream.spark.session import cluster_parallelism, hide_pandas_3_warning
+from millstream.spark.shipping import check_picklable
 from millstream.spark.source import LOG_SCHEMA, Sender, SourcePlan, source_for
 from millstream.spark.storage import Storage, check_no_credentials
 from millstream.spark.writer import FileSink
@@ -239,6 +240,7 @@ class SparkRunner:
         if self._queries:
             return
         _pickle_user_code_by_value(self.pipeline)
+        check_picklable(self.pipeline)  # before Spark starts, naming what cannot be sent to its workers
         self._started_ms = int(time.time() * 1000)
         self.claim()  # before Spark starts: a root in use is refused in a moment
         refusals = [problem for commit in self.commits.values()
