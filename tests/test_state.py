@@ -748,16 +748,131 @@ def _reloaded_map(key, value):
     return KeyState.loads(state.dumps()), spec
 
 
-def test_map_keys_equal_across_types_are_found_as_before_the_index():
+def _map_steps(*steps):
+    """Each function applied to map state "m" in a step of its own (flushed, stored, read back for the
+    next): what each returned."""
     from millstream.core.keystate import KeyState
 
-    state, spec = _reloaded_map("a", 2)
-    cell = state.cell(spec)  # one stored entry: the second lookup builds the index
-    assert not cell.contains("b") and not cell.contains(1.0)
-    cell.put(1, 4)  # 1 == 1.0 in Python: the step already looked this key up as 1.0
-    state.flush({"m": spec})
-    state = KeyState.loads(state.dumps())
-    assert state.cell(spec).get(1.0, "absent") == 4  # as a dict (and the map before the index) answers
+    spec, blob, answers = MapState("m"), None, []
+    for step in steps:
+        state = KeyState.loads(blob) if blob else KeyState()
+        answers.append(step(state.cell(spec)))
+        state.flush({"m": spec})
+        state.end_step()
+        blob = state.dumps()
+    return answers
+
+
+def test_map_keys_equal_in_python_but_encoded_differently_are_distinct_keys():
+    """Under JSON 1, 1.0 and True are three encodings, so three keys, in every step: a lookup of one
+    never answers with another's entry, whatever the step looked up before."""
+    answers = _map_steps(lambda m: m.put(1.0, "a"),
+                         lambda m: [m.get(1), m.get(1.0), m.contains(1.0), m.contains(True), len(m)])
+    assert answers[1] == [None, "a", True, False, 1]
+    # Put and read in one step as in two.
+    assert _map_steps(lambda m: (m.put(1.0, "a"), m.get(1))[1], lambda m: m.get(1)) == [None, None]
+    answers = _map_steps(lambda m: m.put(1.0, "a"), lambda m: (list(m.items()), m.put(1, "b")),
+                         lambda m: [m.get(1), m.get(1.0), sorted(map(repr, m.items())), len(m)])
+    assert answers[2] == ["b", "a", ["(1, 'b')", "(1.0, 'a')"], 2]
+    answers = _map_steps(lambda m: (m.put(1, "i"), m.put(True, "t"), m.remove(1.0)),
+                         lambda m: (m.remove(True), [repr(k) for k in m.keys()]))
+    assert answers[1] == (None, ["1"])
+
+
+def test_map_keys_of_other_codecs_are_their_encodings_too():
+    from millstream.core.keystate import MapCell
+    from millstream.model.codecs import StrCodec
+
+    class Name(str):
+        pass
+
+    cell = MapCell(MapState("m", key_codec=PickleCodec()), {})
+    cell.put((1,), "int")
+    cell.put((1.0,), "float")  # equal to (1,) in Python, pickled apart
+    assert (cell.get((1,)), cell.get((1.0,)), len(cell)) == ("int", "float", 2)
+    later = MapCell(MapState("m", key_codec=PickleCodec()), cell.encode())
+    assert (later.get((1.0,)), later.get((1,)), sorted(map(repr, later.keys()))) == ("float", "int", ["(1,)", "(1.0,)"])
+    cell = MapCell(MapState("m", key_codec=StrCodec()), {b"a": b"1"})
+    assert cell.get(Name("a")) == 1  # a str subclass: encoded as its text, so the key "a"
+    cell.put(Name("b"), 2)
+    assert (cell.get("b"), list(cell.keys())) == (2, ["a", "b"])
+
+
+# Keys equal in Python across types (and 0.0 == -0.0), each a key of its own under JSON; last, one
+# JSON refuses.
+_MIXED_KEYS = [1, 1.0, True, 0, 0.0, -0.0, False, 2, 2.5, "1", "a", None, (1, 2)]
+
+
+class MapOps(Computation):
+    """Applies a record's operation (op, index into _MIXED_KEYS, value) to its key's map, producing the
+    answer's repr (1 and 1.0 print apart)."""
+
+    entries = MapState("entries")
+
+    def process_record(self, ctx, record):
+        entries = ctx.state(self.entries)
+        op, index, value = record.value
+        key = _MIXED_KEYS[index]
+        if op == "put":
+            answer = entries.put(key, value)
+        elif op == "remove":
+            answer = entries.remove(key)
+        elif op == "get":
+            answer = entries.get(key, "absent")
+        elif op == "contains":
+            answer = entries.contains(key)
+        elif op == "len":
+            answer = len(entries)
+        elif op == "clear":
+            answer = entries.clear()
+        else:
+            answer = list(entries.items())
+        ctx.produce(Record(ctx.key, repr(answer), record.timestamp), "out")
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_map_keys_are_their_encodings_whatever_the_steps(seed):
+    """Random map operations over keys equal in Python but encoded apart, split into steps in several
+    ways, against a plain dict keyed by the key's JSON encoding (what is stored): every answer as the
+    dict gives it, with the key a listing shows decoded from that encoding."""
+    codec = JsonCodec()
+    rng = random.Random(seed)
+    ops, model, expected = [], {}, []
+    for i in range(250):
+        op = rng.choice(["put", "put", "get", "get", "contains", "remove", "items", "len", "clear"] if i % 60
+                        else ["clear"])
+        index = rng.randrange(len(_MIXED_KEYS) - 1)  # the refused key: below
+        key, value = _MIXED_KEYS[index], rng.randrange(100)
+        encoded = codec.encode(key)
+        ops.append((op, index, value))
+        if op == "put":
+            model[encoded] = value
+            answer = None
+        elif op == "remove":
+            answer = model.pop(encoded, None) and None
+        elif op == "get":
+            answer = model.get(encoded, "absent")
+        elif op == "contains":
+            answer = encoded in model
+        elif op == "len":
+            answer = len(model)
+        elif op == "clear":
+            answer = model.clear()
+        else:
+            answer = [(codec.decode(k), v) for k, v in model.items()]
+        expected.append(repr(answer))
+    refused = len(_MIXED_KEYS) - 1  # never stored: absent to every lookup, and removing it changes nothing
+    for position in sorted(rng.sample(range(len(ops)), 12)):
+        ops.insert(position, (rng.choice(["get", "contains", "remove"]), refused, 0))
+        expected.insert(position, repr({"get": "absent", "contains": False, "remove": None}[ops[position][0]]))
+    for steps in (1, 2, 9, len(ops)):
+        h = PipelineHarness(Pipeline("p").add_injector("src", ScriptedInjector("src", []), "in")
+                            .add_computation("m", MapOps(), ["in"], ["out"]))
+        cuts = sorted(rng.sample(range(1, len(ops)), steps - 1))
+        for start, end in zip([0, *cuts], [*cuts, len(ops)]):
+            h.feed("src", [Record("k", list(op), i, f"r{i}") for i, op in enumerate(ops[start:end], start)])
+            h.run()
+        assert [r.value for r in h.output("out")] == expected, steps
 
 
 def _map_session(seed: int, keys: list, monkeypatch, indexed: bool) -> list:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import pickle
 from typing import Any, Iterator, NamedTuple
 
-from millstream.model.codecs import Codec, CodecError, JsonCodec, StrCodec
+from millstream.model.codecs import Codec, CodecError, JsonCodec, PickleCodec, StrCodec
 from millstream.model.records import TimeDomain, Timer
 from millstream.model.state import ListState, MapState, StateSpec, ValueState
 
@@ -516,6 +516,12 @@ _MISSING: Any = object()
 # of k's type, and equal keys hash alike (JSON has no NaN). A small stored map is indexed by its
 # decoded keys under these alone: with another codec, a key the index misses might still be stored.
 _EXACT_KEY_CODECS = (JsonCodec, StrCodec)
+# Key types a map keeps as the keys themselves under these codecs and pickle: two keys of these types
+# are equal exactly when their encodings are (an int and a str never are), so Python's equality finds
+# the entry the encoding would. Other keys (1.0 == 1 == True, -0.0 == 0.0, a tuple holding them) are
+# kept as their encodings; under any other codec, every key is.
+_KEPT_KEY_TYPES = frozenset((int, str))
+_NO_KEPT_KEY_TYPES: frozenset[type] = frozenset()
 # A map of up to this many stored entries may be indexed by its decoded keys in a step (MapCell), so
 # that lookups of keys not stored encode nothing; a larger map encodes each key looked up.
 INDEXED_MAP_ENTRIES = 32
@@ -523,8 +529,14 @@ INDEXED_MAP_ENTRIES = 32
 
 class MapCell:
     """A map state during one step, and the handle user code gets for it. Entries are decoded one at
-    a time, on first read, and kept by their (hashable) key; changed and read entries are encoded
-    again at the end of the step (a read value may have been mutated in place).
+    a time, on first read, and kept by their key's *form*; changed and read entries are encoded again
+    at the end of the step (a read value may have been mutated in place).
+
+    A map's keys are their encodings: 1, 1.0 and True are three keys under JSON, as stored, in every
+    step. A key is kept in its form: an int or str key under JSON, str or pickle keys as itself
+    (equal such keys are encoded alike); any other key as its encoding (decoded back, under an exact
+    codec, when that gives an int or a str: a str subclass under StrCodec); a key the codec refuses as
+    the 1-tuple `(key,)`, which nothing stored can match (putting it is the error, at the flush).
 
     A key is found in the stored entries by its encoding, as it was stored. A small map whose key
     codec decodes exactly (_EXACT_KEY_CODECS) also gets an index of its stored keys, decoded, once
@@ -534,26 +546,27 @@ class MapCell:
     present in it is still looked up by its encoding.
 
     >>> cell = MapCell(MapState("m"), {b"1": b"10", b'"a"': b"20"})
-    >>> cell.get(1), cell.get("a"), cell.get(2, 0)
-    (10, 20, 0)
-    >>> cell.put(2, 30); cell.remove("a")
+    >>> cell.get(1), cell.get("a"), cell.get(2, 0), cell.get(1.0, "absent")
+    (10, 20, 0, 'absent')
+    >>> cell.put(2, 30); cell.remove("a"); cell.put(2.0, 40)
     >>> sorted(cell.encode().items())
-    [(b'1', b'10'), (b'2', b'30')]
+    [(b'1', b'10'), (b'2', b'30'), (b'2.0', b'40')]
     """
 
-    __slots__ = ("spec", "stored", "live", "on_write", "encoded", "first_forms", "index", "unindexed_lookups",
-                 "moved", "removals")
+    __slots__ = ("spec", "stored", "live", "on_write", "encoded", "index", "unindexed_lookups", "moved", "removals",
+                 "kept", "exact")
 
     def __init__(self, spec: MapState[Any, Any], stored: dict[bytes, bytes], on_write: Any = None) -> None:
         self.spec = spec
         self.stored = stored  # encoded key -> encoded value, as persisted
-        self.live: dict[Any, Any] = {}  # key -> value (or _REMOVED) read or written this step
+        self.live: dict[Any, Any] = {}  # key's form -> value (or _REMOVED) read or written this step
         self.on_write = on_write
-        self.encoded: dict[Any, bytes] = {}  # key -> its encoding, for keys encoded this step
-        # key -> the form (1 or 1.0: equal keys, other encodings) it was first looked up in, for keys
-        # the index answered without encoding: encoded later, as if that first lookup had encoded it.
-        self.first_forms: dict[Any, Any] = {}
-        # The stored keys, decoded (to their encodings); None: not built (yet), or not for this map.
+        self.encoded: dict[Any, bytes] = {}  # key -> its encoding, for kept keys encoded this step
+        codec_type = type(spec.key_codec)
+        self.exact = codec_type in _EXACT_KEY_CODECS
+        # The types of keys kept as themselves (see the class doc).
+        self.kept = _KEPT_KEY_TYPES if self.exact or codec_type is PickleCodec else _NO_KEPT_KEY_TYPES
+        # The stored kept keys, decoded (to their encodings); None: not built (yet), or not for this map.
         self.index: dict[Any, bytes] | None = None
         self.unindexed_lookups = self._lookups_before_index()
         # Keys put again after a removal this step: they go last, as in a dict (`_all`, `encode`).
@@ -566,10 +579,11 @@ class MapCell:
         live = self.live
         _check_plain_keys(live, memo, 0)
         copied.live = {key: value if value is _REMOVED else _plain_copy(value, memo) for key, value in live.items()}
-        copied.encoded, copied.first_forms = dict(self.encoded), dict(self.first_forms)
+        copied.encoded = dict(self.encoded)
         copied.index = None if self.index is None else dict(self.index)
         copied.unindexed_lookups = self.unindexed_lookups
         copied.moved, copied.removals = set(self.moved), self.removals
+        copied.kept, copied.exact = self.kept, self.exact
         return copied
 
     def _lookups_before_index(self) -> int:
@@ -588,44 +602,94 @@ class MapCell:
         return index
 
     def _build_index(self) -> dict[Any, bytes]:
-        decode = self.spec.key_codec.decode
-        index = self.index = {decode(encoded): encoded for encoded in self.stored}
+        decode, kept = self.spec.key_codec.decode, self.kept
+        index = self.index = {}
+        for encoded in self.stored:
+            key = decode(encoded)
+            if type(key) in kept:
+                index[key] = encoded
         return index
 
+    def _form(self, key: Any) -> Any:
+        """The form of a key not of a kept type (see the class doc). Raises TypeError for a key that
+        is not hashable."""
+        try:
+            hash(key)
+        except TypeError:
+            raise TypeError(f"map state {self.spec.name!r}: a key must be hashable (a str, int, tuple, ...), got "
+                            f"{type(key).__name__} {key!r:.60}") from None
+        codec = self.spec.key_codec
+        try:
+            encoded = codec.encode(key)
+        except CodecError:
+            return (key,)
+        if self.exact:
+            decoded = codec.decode(encoded)
+            if type(decoded) in self.kept:
+                return decoded
+        return encoded
+
+    def _stored_form(self, encoded: bytes) -> Any:
+        """The form of the key stored as `encoded`: the form a lookup of that key takes."""
+        kept = self.kept
+        if not kept:
+            return encoded
+        codec = self.spec.key_codec
+        key = codec.decode(encoded)
+        if type(key) in kept and (self.exact or codec.encode(key) == encoded):
+            return key
+        return encoded
+
+    def _key(self, form: Any) -> Any:
+        """The key a listing shows for a form: the stored key as decoded."""
+        kind = type(form)
+        if kind in self.kept:
+            return form
+        if kind is tuple:
+            return form[0]
+        return self.spec.key_codec.decode(form)
+
     def _encode_key(self, key: Any) -> bytes:
+        """The encoding of a kept key, cached for the step."""
         data = self.encoded.get(key)
         if data is None:
-            encode = self.spec.key_codec.encode
-            form = self.first_forms.pop(key, key) if self.first_forms else key
-            try:
-                data = encode(form)
-            except CodecError:
-                if form is key:
-                    raise
-                data = encode(key)  # the first form was refused: its lookup would have cached nothing
-            self.encoded[key] = data
+            data = self.encoded[key] = self.spec.key_codec.encode(key)
             left = self.unindexed_lookups  # a key encoded for the first time: one nearer the index
             if left > 0:
                 self.unindexed_lookups = left - 1
         return data
 
-    def _stored_value(self, key: Any) -> bytes | None:
-        """The persisted encoding of `key`'s value, if any. A key the key codec refuses cannot have
-        been stored: it is absent here (and reported when it is put, at the end of the step), so
-        looking it up gives the same answer whether or not anything is stored."""
+    def _stored_value(self, form: Any) -> bytes | None:
+        """The persisted encoding of the value of the key of form `form`, if any. A key the key codec
+        refuses cannot have been stored: it is absent here (and reported when it is put, at the end of
+        the step), so looking it up gives the same answer whether or not anything is stored."""
         stored = self.stored
         if not stored:  # nothing persisted: no key to encode for the lookup
             return None
+        kind = type(form)
+        if kind not in self.kept:
+            return None if kind is tuple else stored.get(form)
         index = self._index_for_lookup()
-        if index is not None and key not in index:
-            self.first_forms.setdefault(key, key)
+        if index is not None and form not in index:
             return None
         try:
-            return stored.get(self._encode_key(key))
+            return stored.get(self._encode_key(form))
         except CodecError:
             return None
 
+    def _get_form(self, form: Any, default: Any) -> Any:
+        """get() of the key of form `form`."""
+        value = self.live.get(form, _MISSING)
+        if value is _MISSING:
+            data = self._stored_value(form)
+            if data is None:
+                return default
+            value = self.live[form] = self.spec.value_codec.decode(data)
+        return default if value is _REMOVED else value
+
     def get(self, key: Any, default: Any = None) -> Any:
+        if type(key) not in self.kept:
+            return self._get_form(self._form(key), default)
         value = self.live.get(key, _MISSING)
         if value is _MISSING:
             stored = self.stored
@@ -635,20 +699,16 @@ class MapCell:
             if index is None and self.unindexed_lookups == 0:
                 index = self._build_index()
             if index is not None and key not in index:
-                self.first_forms.setdefault(key, key)
                 return default  # not stored: nothing to encode
-            encoded = self.encoded.get(key)  # _encode_key(), inlined where no first form waits
+            encoded = self.encoded.get(key)  # _encode_key(), inlined
             if encoded is None:
                 try:
-                    if self.first_forms:
-                        encoded = self._encode_key(key)
-                    else:
-                        encoded = self.encoded[key] = self.spec.key_codec.encode(key)
-                        left = self.unindexed_lookups
-                        if left > 0:
-                            self.unindexed_lookups = left - 1
+                    encoded = self.encoded[key] = self.spec.key_codec.encode(key)
                 except CodecError:
                     return default
+                left = self.unindexed_lookups
+                if left > 0:
+                    self.unindexed_lookups = left - 1
             data = stored.get(encoded)
             if data is None:
                 return default
@@ -656,23 +716,25 @@ class MapCell:
         return default if value is _REMOVED else value
 
     def put(self, key: Any, value: Any) -> None:
+        if type(key) not in self.kept:
+            key = self._form(key)
         live = self.live
-        try:
-            if self.removals and live.get(key) is _REMOVED:  # put again after a removal: last, as in a dict
-                del live[key]
-                self.moved.add(key)
-            live[key] = value
-        except TypeError:
-            raise TypeError(f"map state {self.spec.name!r}: a key must be hashable (a str, int, tuple, ...), got "
-                            f"{type(key).__name__} {key!r:.60}") from None
+        if self.removals and live.get(key) is _REMOVED:  # put again after a removal: last, as in a dict
+            del live[key]
+            self.moved.add(key)
+        live[key] = value
         if self.on_write is not None:
             self.on_write(self.spec)
 
     def remove(self, key: Any) -> None:
+        if type(key) not in self.kept:
+            key = self._form(key)
         self.live[key] = _REMOVED
         self.removals = True
 
     def contains(self, key: Any) -> bool:
+        if type(key) not in self.kept:
+            key = self._form(key)
         value = self.live.get(key, _MISSING)
         if value is _MISSING:
             return self._stored_value(key) is not None
@@ -681,36 +743,38 @@ class MapCell:
     def clear(self) -> None:
         self.removals = True
         live = self.live
-        for key in live:  # entries of this step, stored or not yet
-            live[key] = _REMOVED
+        for form in live:  # entries of this step, stored or not yet
+            live[form] = _REMOVED
         for encoded in self.stored:
-            live[self.spec.key_codec.decode(encoded)] = _REMOVED
+            live[self._stored_form(encoded)] = _REMOVED
 
     def _all(self) -> dict[Any, Any]:
-        """Every entry decoded (iteration needs them all), in the order of a dict that took the map's
-        whole history: the stored entries in their stored order, then those put this step that are
-        new or put again after a removal, in the order put. (Not `live`'s order: that is the order
-        the step touched them, a read included, so it would depend on where steps begin.)"""
-        key_codec, value_codec, live, moved = self.spec.key_codec, self.spec.value_codec, self.live, self.moved
+        """Every entry decoded (iteration needs them all), by form, in the order of a dict that took
+        the map's whole history: the stored entries in their stored order, then those put this step
+        that are new or put again after a removal, in the order put. (Not `live`'s order: that is the
+        order the step touched them, a read included, so it would depend on where steps begin.)"""
+        value_codec, live, moved = self.spec.value_codec, self.live, self.moved
         ordered: dict[Any, Any] = {}
         for encoded, data in self.stored.items():
-            key = key_codec.decode(encoded)
-            if key in moved:
+            form = self._stored_form(encoded)
+            if form in moved:
                 continue
-            value = live.get(key, _MISSING)
+            value = live.get(form, _MISSING)
             if value is _MISSING:
-                value = live[key] = value_codec.decode(data)
-            ordered[key] = value
-        for key, value in live.items():
-            if key not in ordered:
-                ordered[key] = value
+                value = live[form] = value_codec.decode(data)
+            ordered[form] = value
+        for form, value in live.items():
+            if form not in ordered:
+                ordered[form] = value
         return ordered
 
     def items(self) -> Iterator[tuple[Any, Any]]:
-        return iter([(k, v) for k, v in self._all().items() if v is not _REMOVED])
+        key = self._key
+        return iter([(key(f), v) for f, v in self._all().items() if v is not _REMOVED])
 
     def keys(self) -> Iterator[Any]:
-        return iter([k for k, v in self._all().items() if v is not _REMOVED])
+        key = self._key
+        return iter([key(f) for f, v in self._all().items() if v is not _REMOVED])
 
     def __len__(self) -> int:
         return sum(1 for v in self._all().values() if v is not _REMOVED)
@@ -719,33 +783,42 @@ class MapCell:
         if not self.live:
             return _ABSENT
         stored = self.stored  # owned by the KeyState; a failed step reloads the key from its blob
-        value_codec, encode_key, known = self.spec.value_codec, self._encode_key, self.encoded
+        value_codec, encode_key, known, kept = self.spec.value_codec, self._encode_key, self.encoded, self.kept
         index = self.index
         removed = []
         moved = self.moved
         try:
-            for key, value in self.live.items():
+            for form, value in self.live.items():
+                kind = type(form)
                 if value is not _REMOVED:
-                    encoded = known.get(key) or encode_key(key)
-                    if moved and key in moved:  # last, as in a dict
+                    if kind in kept:
+                        encoded = known.get(form) or encode_key(form)
+                    elif kind is tuple:  # a key the codec refuses: its error
+                        encoded = self.spec.key_codec.encode(form[0])
+                    else:
+                        encoded = form
+                    if moved and form in moved:  # last, as in a dict
                         stored.pop(encoded, None)
                     stored[encoded] = value_codec.encode(value)
                     continue
-                removed.append(key)
-                # Else nothing to remove: no entry stored, or none under an equal key (index), so the
-                # entry was put and removed within the step.
-                if stored and (index is None or key in index):
-                    try:
-                        stored.pop(known.get(key) or encode_key(key), None)
-                    except CodecError:
-                        pass  # a key the codec refuses was never stored
-                elif stored and key not in known:
-                    self.first_forms.setdefault(key, key)  # as if encoded for the removal (see first_forms)
+                removed.append(form)
+                # Else nothing to remove: no entry stored, or none under the key (index), so the
+                # entry was put and removed within the step; or a key the codec refuses.
+                if not stored:
+                    continue
+                if kind in kept:
+                    if index is None or form in index:
+                        try:
+                            stored.pop(known.get(form) or encode_key(form), None)
+                        except CodecError:
+                            pass  # a key the codec refuses was never stored
+                elif kind is not tuple:
+                    stored.pop(form, None)
         finally:  # the stored entries changed, even if a value was refused part way
             self.index = None
             self.unindexed_lookups = self._lookups_before_index()
-        for key in removed:
-            del self.live[key]
+        for form in removed:
+            del self.live[form]
         moved.clear()
         self.removals = False  # no marker is left in `live`
         return stored or None
