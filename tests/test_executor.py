@@ -20,6 +20,7 @@ from millstream.core.plan import plan_computation
 from millstream.core.store import MemoryKeyStore
 from millstream.core.watermarks import Segment
 from millstream.model.records import BEGINNING_OF_TIME, END_OF_TIME, derive_record_id
+from millstream.testing import PipelineHarness
 
 LW = TimeDomain.LOW_WATERMARK
 WALL = TimeDomain.WALL_TIME
@@ -416,6 +417,34 @@ def test_nothing_is_late_at_the_beginning_of_time():
     assert result.metrics.late == 0
 
 
+class AtItsRecord(Computation):
+    """Sets an event-time timer at each record's timestamp, and a wall-time timer holding the output
+    watermark there; produces (timer, its time, the watermark) as each fires."""
+
+    def process_record(self, ctx, record):
+        ctx.set_timer("event", record.timestamp)
+        ctx.set_timer("held", 1_000, TimeDomain.WALL_TIME, hold=record.timestamp)
+
+    def process_timer(self, ctx, timer):
+        ctx.produce(Record(ctx.key, [timer.tag, timer.time, ctx.low_watermark], timer.time), "out")
+
+
+def test_a_record_stamped_at_the_beginning_of_time_can_set_timers_and_holds_at_its_timestamp():
+    h = PipelineHarness(Pipeline("p").add_injector("src", ScriptedInjector("src", []), "in")
+                        .add_computation("c", AtItsRecord(), ["in"], ["out"]), wall_time=0)
+    h.feed("src", [Record("k", None, BEGINNING_OF_TIME)])  # the watermark stays at the beginning of time
+    h.run()
+    assert [r.value for r in h.output("out")] == [["event", BEGINNING_OF_TIME, BEGINNING_OF_TIME]]
+    assert [(t.tag, t.time, t.hold) for t in h.pending_timers("c", "k")] == [("held", 1_000, BEGINNING_OF_TIME)]
+    h.advance_watermark("src", 500)
+    h.run()
+    assert h.low_watermark("c") == BEGINNING_OF_TIME  # held at the record's timestamp
+    h.advance_wall_time(1_000)
+    h.run()
+    assert [r.value[:2] for r in h.output("out")] == [["event", BEGINNING_OF_TIME], ["held", 1_000]]
+    assert h.low_watermark("c") == 500 and h.pending_timers("c", "k") == []
+
+
 # -- production ids ----------------------------------------------------------------------------------
 class Emitter(Computation):
     """Produces two records per input and, from a timer, two more."""
@@ -571,6 +600,7 @@ class Misuse(Computation):
     (lambda ctx: ctx.set_timer(3, 10), r"comp.*tag must be str"),
     (lambda ctx: ctx.set_timer("t", 10.0), r"comp.*'t'.*int milliseconds"),
     (lambda ctx: ctx.set_timer("t", END_OF_TIME + 1), r"comp.*'t'.*out of range"),
+    (lambda ctx: ctx.set_timer("t", BEGINNING_OF_TIME - 1), r"comp.*'t'.*out of range"),
 ])
 def test_context_misuse_raises_a_clear_computation_error(action, message):
     ex = make_executor(Misuse(action))

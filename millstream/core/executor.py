@@ -331,7 +331,7 @@ class _Invocation:
 
     def set_timer(self, tag: str, time: int, domain: TimeDomain = TimeDomain.LOW_WATERMARK,
                   watermark: str | None = None, hold: int | None = None) -> None:
-        if type(tag) is not str or type(time) is not int or not -END_OF_TIME <= time <= END_OF_TIME:
+        if type(tag) is not str or type(time) is not int or not BEGINNING_OF_TIME <= time <= END_OF_TIME:
             self._bad_timer(tag, time)
         if domain is _LOW_WATERMARK:  # a module constant: an enum member's attribute lookup costs more
             wall = False
@@ -373,12 +373,12 @@ class _Invocation:
             raise ComputationError(
                 f"{self._plan.name}: timer {tag!r} time must be int milliseconds, got {type(time).__name__}"
             )
-        if not -END_OF_TIME <= time <= END_OF_TIME:
+        if not BEGINNING_OF_TIME <= time <= END_OF_TIME:  # a record's range: a timer may be set at its timestamp
             raise ComputationError(f"{self._plan.name}: timer {tag!r} time {time} is out of range")
 
     def _set_holding(self, tag: str, timer: tuple[int, bool, str, str], hold: Any) -> None:
         """set_timer's part for a timer that holds the watermark (off the common path)."""
-        if type(hold) is not int or not -END_OF_TIME <= hold <= END_OF_TIME:
+        if type(hold) is not int or not BEGINNING_OF_TIME <= hold <= END_OF_TIME:
             self._bad_hold(tag, hold)
         self.holds_change(self._segment)
         self._timers[tag] = timer
@@ -752,7 +752,7 @@ class _KeyStep:
         single = len(segments) == 1
         lw = low_watermark
         keyed_at = self.keyed_after[boundary]  # keyed timers fire by these
-        wall_time = self.wall_time if wall else -END_OF_TIME - 1
+        wall_time = self.wall_time if wall else BEGINNING_OF_TIME - 1  # no wall-time timer is due
         key, flush_each = self.key, self.flush_each
         holds = state.holds
         # What every firing shares (_begin, inlined: this is the per-timer hot path); the fields of
