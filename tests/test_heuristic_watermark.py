@@ -184,6 +184,37 @@ def test_strict_watermark_until_warmed_up():
     assert heuristic.low_watermark("0", offsets[11]) > strict.low_watermark("0", offsets[11]["inner"])
 
 
+def test_warm_up_ends_after_warmup_records_records_at_a_low_rate():
+    # One record a second: at q = 0.99 the decayed weight settles near rate x half-life / ln 2 = 433,
+    # below the 1,000 records of warm-up. Warm-up counts records read, so it ends at the 1,000th.
+    # Records are up to 3 s out of order, and every 200th is 10 minutes late: the strict watermark
+    # waits for those, the heuristic one not.
+    stamps = [1_000 * i - (600_000 if i % 200 == 0 else i * 7_919 % 3_001) for i in range(12_000)]
+    strict = honest_injector(stamps, 100)
+    heuristic = HeuristicWatermark(strict, 0.99)  # warm-up 1,000 records, half-life 300 s
+    offsets = walk(heuristic)
+    assert len(offsets) == 121
+    for read, offset in enumerate(offsets):  # 100 records per read
+        warm = 100 * read >= 1_000
+        assert (heuristic.learned_bound_ms(offset) is not None) == warm, read
+        if 20 <= read <= 110:  # past warm-up, a straggler still to come: ahead of the strict watermark
+            assert heuristic.low_watermark("0", offset) > strict.low_watermark("0", offset["inner"]), read
+    assert LatenessSummary.from_json(offsets[-1]["lateness"]).total < 1_000  # what warm-up waited for
+
+
+def test_an_offset_from_before_the_record_count_loads_and_counts_its_weight_as_records():
+    stamps = stamps_with_lateness(3_000, 500.0)
+    heuristic = HeuristicWatermark(honest_injector(stamps, 100), 0.99)
+    offsets = walk(heuristic)
+    for read in (5, 15):  # in warm-up, and past it
+        old = json.loads(json.dumps(offsets[read]))
+        del old["lateness"]["seen"]  # as written before warm-up counted records
+        assert heuristic.learned_bound_ms(old) == heuristic.learned_bound_ms(offsets[read])
+        following = heuristic.latest_offset("0", old, None)
+        assert following["inner"] == offsets[read + 1]["inner"]
+        assert following["lateness"]["seen"] == math.ceil(LatenessSummary.from_json(old["lateness"]).total) + 100
+
+
 @pytest.mark.parametrize("quantile", [0.9, 0.99, 0.999])
 def test_late_fraction_is_close_to_one_minus_quantile(quantile):
     # Reads of 20 records span 20 ms of event time, little against lateness of 2 s: the late

@@ -22,7 +22,8 @@ folds the records into a small summary carried in the offset:
     {"inner": <the wrapped injector's offset>,
      "lateness": {"newest": <newest event time read>, "watermark": <heuristic part, never goes back>,
                   "on_time": <weight of records not behind the newest>,
-                  "first": <index of the first bucket>, "weights": [<weight per bucket>, ...]}}
+                  "first": <index of the first bucket>, "weights": [<weight per bucket>, ...],
+                  "seen": <records read>}}
 
 - Buckets are log-scale: bucket b holds lateness in [2**(b/8), 2**((b+1)/8)) ms, 9% wide, so the bound
   is resolved to a few percent (the tail is interpolated within a bucket) from 1 ms to 2**48 ms with at
@@ -31,8 +32,11 @@ folds the records into a small summary carried in the offset:
   on after it was read, so the bound follows a change of the lateness within a few half-lives, and a
   quiet partition forgets nothing (no event time passes). Weights are rounded to 6 significant digits
   and ones too small to matter for the quantile are dropped, keeping the JSON short.
-- Warm-up: until the summary holds `warmup_records` of weight (default 10 / (1 - q): ten records in the
-  tail), the estimate is noise and the watermark is the strict one.
+- Warm-up: until the partition has read `warmup_records` records (default 10 / (1 - q): ten records in
+  the tail), counted plainly ("seen"; the decayed weight would not do: at a low rate it settles near
+  rate x half-life / ln 2, below the warm-up for good), the estimate is noise and the watermark is the
+  strict one. An offset written before the count was kept takes its weight as the count (the weight
+  never exceeds it).
 
 What it costs: every record is read twice, once by `latest_offset` (on the Spark driver, with the
 batch's planning) and once by `read` (in the executors), plus ~1 us of Python per record for the
@@ -71,17 +75,22 @@ class LatenessSummary:
     """The decaying histogram of lateness one partition carries in its offset (see the module doc)."""
 
     def __init__(self, newest: int | None = None, watermark: int = BEGINNING_OF_TIME, on_time: float = 0.0,
-                 weights: dict[int, float] | None = None) -> None:
+                 weights: dict[int, float] | None = None, seen: int = 0) -> None:
         self.newest = newest
         self.watermark = watermark
         self.on_time = on_time
         self.weights: dict[int, float] = dict(weights or {})
+        self.seen = seen  # records read (warm-up)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "LatenessSummary":
         first = data["first"]
         weights = {first + i: w for i, w in enumerate(data["weights"]) if w}
-        return cls(data["newest"], data["watermark"], data["on_time"], weights)
+        summary = cls(data["newest"], data["watermark"], data["on_time"], weights)
+        seen = data.get("seen")
+        # Written before the count was kept: at least its weight (a record weighs 1 at most).
+        summary.seen = math.ceil(summary.total) if seen is None else seen
+        return summary
 
     def to_json(self) -> dict[str, Any]:
         if self.weights:
@@ -90,7 +99,7 @@ class LatenessSummary:
         else:
             first, dense = 0, []
         return {"newest": self.newest, "watermark": self.watermark, "on_time": self.on_time,
-                "first": first, "weights": dense}
+                "first": first, "weights": dense, "seen": self.seen}
 
     @property
     def total(self) -> float:
@@ -105,7 +114,9 @@ class LatenessSummary:
         reference = newest
         on_time, weights = 0.0, dict[int, float]()
         weight, weight_at = 1.0, newest
+        seen = self.seen
         for timestamp in timestamps:
+            seen += 1
             if newest is None or timestamp >= newest:
                 if newest is None:
                     reference = timestamp
@@ -127,6 +138,7 @@ class LatenessSummary:
                 on_time += weight
             else:
                 weights[bucket] = weights.get(bucket, 0.0) + weight
+        self.seen = seen
         if newest is None or reference is None:
             return  # nothing read
         decay = 2.0 ** (-(newest - reference) / half_life_ms)
@@ -143,9 +155,9 @@ class LatenessSummary:
 
     def bound(self, quantile: float, warmup: float) -> int | None:
         """The smallest lateness B (ms) such that the weight of records later than B is at most
-        1 - quantile of the total; None while the summary holds less than `warmup` weight."""
+        1 - quantile of the total; None while fewer than `warmup` records have been read."""
         total = self.total
-        if total < warmup or total <= 0:
+        if self.seen < warmup or total <= 0:
             return None
         allowed = (1.0 - quantile) * total
         tail = 0.0  # weight of the buckets above the current one
@@ -204,8 +216,8 @@ class HeuristicWatermark(Injector):
                  warmup_records: float | None = None) -> None:
         """`quantile`: the share of records the watermark waits for (0.5 <= q < 1). `half_life_ms`:
         event time after which a record counts half in the lateness summary. `warmup_records`: the
-        weight the summary needs before it is trusted (default 10 / (1 - quantile)); the strict
-        watermark holds until then."""
+        records a partition reads before its summary is trusted (default 10 / (1 - quantile)); the
+        strict watermark holds until then."""
         if isinstance(quantile, bool) or not isinstance(quantile, (int, float)) or not 0.5 <= quantile < 1.0:
             raise ValueError(f"quantile must be in [0.5, 1), got {quantile!r}")
         if isinstance(half_life_ms, bool) or not isinstance(half_life_ms, int) or half_life_ms <= 0:
