@@ -381,6 +381,28 @@ def test_an_idle_partition_holds_the_injector_watermark_back(broker):
     assert harness.input_watermark("count") == min(sent[-1].timestamp, 4_000_000) - BOUND_MS
 
 
+def test_with_idle_after_ms_an_empty_partition_stops_holding_the_topic_back(broker):
+    topic = broker.create_topic(2)
+    sent = produce(broker, topic, [(0, "k", b"{}", 5_000_000 + i) for i in range(5)])
+    computation = Count()
+    harness = PipelineHarness(Pipeline("kafka").add_injector(
+        "src", KafkaInjector(topic, broker.bootstrap, max_out_of_orderness_ms=BOUND_MS), "events", idle_after_ms=1_000)
+        .add_computation("count", computation, ["events"]), wall_time=0)
+    harness.run_injectors()
+    assert harness.input_watermark("count") == BEGINNING_OF_TIME  # partition 1 is quiet, not yet idle
+    harness.advance_wall_time(500)
+    sent += produce(broker, topic, [(0, "k", b"{}", 5_000_100)])  # partition 0 goes on
+    harness.run_injectors()
+    assert harness.input_watermark("count") == BEGINNING_OF_TIME
+    harness.advance_wall_time(1_000)  # partition 1 quiet for idle_after_ms, partition 0 for half of it
+    harness.run_injectors()
+    assert harness.input_watermark("count") == 5_000_100 - BOUND_MS  # partition 0's alone
+    produce(broker, topic, [(1, "k", b"{}", 4_000_000)])  # back, behind the watermark: late
+    harness.run_injectors()
+    assert harness.input_watermark("count") == 5_000_100 - BOUND_MS
+    assert (len(computation.ids), harness.metrics("count").late) == (len(sent) + 1, 1)
+
+
 def test_event_time_from_the_value_and_undecodable_times_are_dead_letters(broker):
     topic = broker.create_topic(1)
     sent = produce(broker, topic, [(0, "a", b'{"ts": 7000}', 1), (0, "b", b'{"no_ts": 1}', 2),
