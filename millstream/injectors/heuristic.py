@@ -50,7 +50,10 @@ before it, and those stamped after the previous newest time cannot be behind it.
 
 Limits: a record stamped far in the future moves the newest event time, and the watermark, with it
 (everything after is late); and lateness is learned only from records already read, so the first
-records of a sudden delay (an outage upstream) are late before the bound grows.
+records of a sudden delay (an outage upstream) are late before the bound grows. Learning leaves out
+the wrapped injector's Malformed items, but not a record whose value the stream's codec refuses: the
+runner makes it a dead letter (`model/injector.py`, `refused_value`), after this injector, which does
+not know the stream's codec, has counted its timestamp (as the newest event time, and in warm-up).
 """
 
 from __future__ import annotations
@@ -279,5 +282,7 @@ class HeuristicWatermark(Injector):
 
     def _timestamps(self, partition: str, start: Offset, end: Offset) -> Iterator[int]:
         for item in self.injector.read(partition, start, end):
-            if not isinstance(item, Malformed):  # dead-lettered by the runner; it has no event time
+            # A Malformed item is dead-lettered by the runner and has no event time. (A record whose
+            # value the stream's codec refuses is counted here: see the module doc's limits.)
+            if not isinstance(item, Malformed):
                 yield item.timestamp
