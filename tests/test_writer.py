@@ -88,3 +88,53 @@ def test_a_file_sink_gets_its_stream_s_records_decoded_in_output_order(tmp_path)
     assert lines == expected
     table = pq.read_table(pa.BufferReader(storage.read(by_sink["table"]["path"]))).to_pylist()
     assert table == [{"key": e["key"], "timestamp": e["timestamp"], "id": e["id"], **e["value"]} for e in expected]
+
+
+def parquet_sink_rows(values):
+    """The rows of the Parquet sink file of records k<i> (timestamp 100 + i, id r<i>) with these
+    values, in the order given, as pyarrow reads them back."""
+    from millstream.model.codecs import JsonCodec
+    from millstream.spark.writer import log_tables, sink_file
+
+    codec = JsonCodec()
+    productions = [Produced("out", f"k{i}", codec.encode(value), 100 + i, f"r{i}", 0, order_base("k") + i)
+                   for i, value in enumerate(values)]
+    [table] = log_tables(list(zip(*productions))).values()
+    return pq.read_table(pa.BufferReader(sink_file(table, "parquet", codec))).to_pylist()
+
+
+def test_a_parquet_sink_keeps_every_value_field_whichever_rows_hold_it():
+    values = [{"n": i, **({"note": f"every fifth {i}"} if i % 5 == 3 else {})} for i in range(40)]
+    rows = parquet_sink_rows(values)
+    assert [(row["n"], row["note"]) for row in rows] == [(value["n"], value.get("note")) for value in values]
+    assert sum(row["note"] is not None for row in rows) == 8
+
+
+def test_a_parquet_sink_never_overwrites_a_record_s_key_timestamp_or_id_with_a_value_field():
+    values = [{"id": f"user-{i}", "key": i * 2, "timestamp": "late", "n": i, "value.id": "own"} for i in range(6)]
+    rows = parquet_sink_rows(values)
+    assert [(row["key"], row["timestamp"], row["id"]) for row in rows] == [(f"k{i}", 100 + i, f"r{i}")
+                                                                          for i in range(6)]
+    assert [{name: row[name] for name in ("value.id", "value.key", "value.timestamp", "n", "value.value.id")}
+            for row in rows] == [{"value.id": v["id"], "value.key": v["key"], "value.timestamp": v["timestamp"],
+                                  "n": v["n"], "value.value.id": v["value.id"]} for v in values]
+
+
+def test_a_parquet_sink_writes_a_field_of_mixed_types_as_json_text_and_the_others_as_they_are():
+    import json
+
+    values = [{"value": i if i % 3 else f"text {i}", "n": i, "big": 1 << 70 if i == 4 else i,
+               "maybe": None if i % 2 else [i, {"deep": i}], "empty": {} if i % 2 else None} for i in range(9)]
+    rows = parquet_sink_rows(values)
+    assert [row["n"] for row in rows] == list(range(9))  # one type: kept as it is
+    assert [row["value"] for row in rows] == [json.dumps(v["value"]) for v in values]
+    assert [row["big"] for row in rows] == [json.dumps(v["big"]) for v in values]
+    assert [row["maybe"] for row in rows] == [None if v["maybe"] is None else json.dumps(v["maybe"]) for v in values]
+    # one type, but one Parquet cannot hold (a struct without fields)
+    assert [row["empty"] for row in rows] == [None if v["empty"] is None else "{}" for v in values]
+
+
+def test_a_parquet_sink_of_plain_values_keeps_them_in_the_value_column():
+    values = [7, 8, 9]
+    assert parquet_sink_rows(values) == [{"key": f"k{i}", "timestamp": 100 + i, "id": f"r{i}", "value": v}
+                                         for i, v in enumerate(values)]

@@ -149,14 +149,76 @@ def _report(row: Mapping[str, Any]) -> dict[str, Any]:
 
 def sink_file(table: pa.Table, fmt: str, codec: Codec) -> bytes:
     """A user-facing file of a stream log table's records, values decoded: JSON lines, or Parquet with
-    dict values flattened."""
+    dict values flattened (`parquet_table`)."""
     fields = ("key", "timestamp", "id", "value")
     rows = [{"key": key, "timestamp": timestamp, "id": record_id, "value": codec.decode(value)}
             for key, timestamp, record_id, value in zip(*(table.column(name).to_pylist() for name in fields))]
     if fmt == "jsonl":
         return "".join(json.dumps(r, sort_keys=True, default=str) + "\n" for r in rows).encode()
-    flat = [{"key": r["key"], "timestamp": r["timestamp"], "id": r["id"], **r["value"]}
-            if isinstance(r["value"], dict) else r for r in rows]
     out = io.BytesIO()
-    pq.write_table(pa.Table.from_pylist(flat), out)
+    pq.write_table(parquet_table(rows), out)
     return out.getvalue()
+
+
+_RECORD_COLUMNS = ("key", "timestamp", "id")
+VALUE_PREFIX = "value."
+
+
+def value_column(field: Any) -> str:
+    """The Parquet sink's column of a dict value's field: its own name, except that a field named
+    like one of the record's columns (key, timestamp, id), or starting with "value.", is prefixed
+    with "value.", so no two fields share a column and none replaces the record's own.
+
+    >>> [value_column(f) for f in ("n", "id", "value", "value.id", 3)]
+    ['n', 'value.id', 'value', 'value.value.id', '3']
+    """
+    name = str(field)
+    return VALUE_PREFIX + name if name in _RECORD_COLUMNS or name.startswith(VALUE_PREFIX) else name
+
+
+def parquet_table(rows: Sequence[Mapping[str, Any]]) -> pa.Table:
+    """The Parquet sink's table of decoded records (key, timestamp, id, value): columns key, timestamp
+    and id, then a dict value's fields in the order they first appear (`value_column`; a row without
+    a field holds null there), a value that is not a dict in column "value". A column whose values do
+    not make one Arrow type Parquet can hold (an int and a string, an int beyond 64 bits, an empty
+    dict) holds the JSON text of each value instead (null stays null).
+
+    >>> parquet_table([{"key": "a", "timestamp": 1, "id": "r1", "value": {"n": 1, "id": "x"}},
+    ...                {"key": "b", "timestamp": 2, "id": "r2", "value": {"n": "two", "m": True}}]).to_pylist()
+    [{'key': 'a', 'timestamp': 1, 'id': 'r1', 'n': '1', 'value.id': 'x', 'm': None}, \
+{'key': 'b', 'timestamp': 2, 'id': 'r2', 'n': '"two"', 'value.id': None, 'm': True}]
+    """
+    columns: dict[str, list[Any]] = {name: [row[name] for row in rows] for name in _RECORD_COLUMNS}
+    for number, row in enumerate(rows):
+        value = row["value"]
+        fields = {value_column(f): v for f, v in value.items()} if isinstance(value, dict) else {"value": value}
+        for name, field_value in fields.items():
+            column = columns.get(name)
+            if column is None:
+                column = columns[name] = [None] * len(rows)
+            column[number] = field_value
+    arrays = {"key": pa.array(columns.pop("key"), pa.string()),
+              "timestamp": pa.array(columns.pop("timestamp"), pa.int64()),
+              "id": pa.array(columns.pop("id"), pa.string())}
+    for name, values in columns.items():
+        try:
+            array = pa.array(values)
+            if _parquet_holds(array.type):
+                arrays[name] = array
+                continue
+        except (pa.ArrowException, ValueError, TypeError, OverflowError):
+            pass
+        arrays[name] = pa.array([None if v is None else json.dumps(v, sort_keys=True, default=str)
+                                for v in values], pa.string())
+    return pa.table(arrays)
+
+
+def _parquet_holds(kind: pa.DataType) -> bool:
+    """Whether Parquet can hold a column of this inferred type (not a struct without fields, at any depth)."""
+    if pa.types.is_struct(kind):
+        return kind.num_fields > 0 and all(_parquet_holds(kind.field(i).type) for i in range(kind.num_fields))
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
+        return _parquet_holds(kind.value_type)
+    if pa.types.is_map(kind):
+        return _parquet_holds(kind.key_type) and _parquet_holds(kind.item_type)
+    return True

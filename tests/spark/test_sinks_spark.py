@@ -17,7 +17,7 @@ import time
 import pytest
 from bucket_counter import BucketCounter, counted_windows
 
-from millstream import GeneratorInjector, Pipeline, Record
+from millstream import Computation, GeneratorInjector, Pipeline, Record
 from millstream.spark.publog import BATCH, PublicationLog
 from millstream.spark.runner import SparkRunner
 from millstream.spark.sinks import sink_deliverers
@@ -228,6 +228,49 @@ def test_a_table_delivery_takes_nothing_from_what_a_dead_delivery_left(spark, tm
     deliver_with_spark(spark, pipeline, pipeline.sinks["table"], "windower", last["batch"], last)
     assert windows(spark.table("dead_first_windows").collect()) == expected_windows()
     spark.sql("DROP TABLE dead_first_windows")
+
+
+class Described(Computation):
+    """Each record's value as a dict: its number, a field named id, and a note on every fifth only;
+    a number that is 6 modulo 7 fails (a dead letter, its input value an int or a string)."""
+
+    def process_record(self, ctx, record):
+        n = int(record.value)
+        if n % 7 == 6:
+            raise ValueError(f"no description for {n}")
+        note = {"note": f"note {n}"} if n % 5 == 3 else {}
+        ctx.produce(Record(ctx.key, {"n": n, "id": f"user-{n}", **note}, record.timestamp), "described")
+
+
+def parquet_rows(directory):
+    import pyarrow.parquet as pq
+
+    return [row for name in sorted(os.listdir(directory)) if name.endswith(".parquet")
+            for row in pq.read_table(os.path.join(directory, name)).to_pylist()]
+
+
+def test_parquet_sinks_keep_every_field_and_the_records_own_columns_and_take_values_of_mixed_types(spark, tmp_path):
+    """Fields only some records have, a field named like a record's column (id), and the dead
+    letters' input values, ints here and strings there, all reach the Parquet files; the run ends."""
+    total = 300
+    values = [i if i % 2 else str(i) for i in range(total)]
+    injector = GeneratorInjector(lambda i: Record(f"k{i % KEYS}", i if i % 2 else str(i), 7 * i), total,
+                                 lambda n: 7 * n, max_records_per_read=100)
+    pipeline = (Pipeline("described").add_injector("src", injector, "in")
+                .add_computation("describe", Described(), ["in"], ["described"], on_error="dead_letter")
+                .add_sink("out", "described", str(tmp_path / "out"), format="parquet")
+                .add_sink("dead", "dead_letters", str(tmp_path / "dead"), format="parquet"))
+    SparkRunner(pipeline, root=str(tmp_path / "root"), spark=spark, max_records_per_batch=100).run(timeout=300)
+
+    kept = [i for i in range(total) if i % 7 != 6]
+    rows = sorted(parquet_rows(tmp_path / "out"), key=lambda row: row["n"])
+    assert [(row["key"], row["timestamp"], row["n"], row["value.id"], row["note"]) for row in rows] == [
+        (f"k{i % KEYS}", 7 * i, i, f"user-{i}", f"note {i}" if i % 5 == 3 else None) for i in kept]
+    assert all(row["id"] != row["value.id"] for row in rows)  # the record's own id
+    assert len({row["id"] for row in rows}) == len(kept)
+    letters = sorted(parquet_rows(tmp_path / "dead"), key=lambda row: row["timestamp"])
+    failed = [i for i in range(total) if i % 7 == 6]
+    assert [(row["timestamp"], row["value"]) for row in letters] == [(7 * i, json.dumps(values[i])) for i in failed]
 
 
 def table_pipeline(base):
