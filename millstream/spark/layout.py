@@ -14,6 +14,8 @@ and strong productions. Computations may come and go: pipelines change while the
 'it was made at /data/old-clicks and its logs hold pa'
 >>> RootLayout.from_record(layout.record()) == layout
 True
+>>> replace(layout, identity="7f3a").keeping(layout.record()).identity is None  # kept as the root has it
+True
 """
 
 from __future__ import annotations
@@ -47,6 +49,11 @@ class RootLayout:
     # Computations that ran on the root before and this run leaves out: the consumer each is fused
     # into (None: strong), i.e. whose checkpoint holds its state, checked when a run brings it back.
     earlier_fusions: Mapping[str, str | None] = field(default_factory=dict)
+    # The root's own name, random, made with it: what a file sink's delivered files are named by,
+    # so a root made again in the same place (deleted, or `millstream run --fresh`) never takes
+    # another's names in a sink directory both write to (None: a root made before it was kept,
+    # which keeps the names it delivered under).
+    identity: str | None = None
 
     @property
     def computations(self) -> tuple[str, ...]:
@@ -66,7 +73,8 @@ class RootLayout:
                 "fused_into": {name: self.fused_into[name] for name in self.computations},
                 "group_labels": list(self.group_labels.labels) if self.group_labels is not None else None,
                 "location": self.location, "states": {name: dict(states) for name, states in self.states.items()},
-                "injectors": dict(self.injectors), "earlier_fusions": dict(self.earlier_fusions)}
+                "injectors": dict(self.injectors), "earlier_fusions": dict(self.earlier_fusions),
+                "identity": self.identity}
 
     @classmethod
     def from_record(cls, record: Mapping[str, Any]) -> "RootLayout":
@@ -75,7 +83,8 @@ class RootLayout:
         labels = record.get("group_labels", list(range(record["key_groups"])))
         return cls(record["pipeline"], record["key_groups"], dict(record["fused_into"]),
                    GroupLabels(tuple(labels)) if labels is not None else None, record.get("location"),
-                   record.get("states", {}), record.get("injectors", {}), record.get("earlier_fusions", {}))
+                   record.get("states", {}), record.get("injectors", {}), record.get("earlier_fusions", {}),
+                   record.get("identity"))
 
     def refusals(self, stored: Mapping[str, Any]) -> list[str]:
         """Why this layout cannot run on a root whose stored layout is `stored` (none: it can)."""
@@ -110,7 +119,8 @@ class RootLayout:
         injectors = {**stored.get("injectors", {}), **self.injectors}
         known = {**stored.get("earlier_fusions", {}), **stored.get("fused_into", {})}
         earlier = {name: fused for name, fused in known.items() if name not in self.fused_into}
-        return replace(self, states=states, injectors=injectors, earlier_fusions=earlier)
+        return replace(self, states=states, injectors=injectors, earlier_fusions=earlier,
+                       identity=stored.get("identity", self.identity))
 
 
 def _fusion_changed(name: str, was: str | None, now: str | None) -> str:

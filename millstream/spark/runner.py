@@ -23,6 +23,7 @@ import sys
 import tempfile
 import time
 import types
+import uuid
 import warnings
 from itertools import islice
 from typing import Any, Callable, Mapping
@@ -158,6 +159,7 @@ class SparkRunner:
         self.epoch = 0
         self._started_ms = 0
         self.group_labels: GroupLabels | None = None  # a new root's are chosen at its first start
+        self.identity: str | None = None  # the root's (layout.py), read or made with its layout
         if key_groups is None:  # the root's own, kept in its layout; a new root's default
             stored = self.storage.read_json(LAYOUT_FILE)
             known = stored.get("key_groups") if isinstance(stored, dict) else None
@@ -183,7 +185,9 @@ class SparkRunner:
         """Construction only checks the layout (layout.py) and creates it in a new root: it is
         rewritten by the driver that holds the root (`claim`), never by one that may yet be refused."""
         if not self._check_layout():
-            self.storage.create_json(LAYOUT_FILE, self._layout().record())
+            self.identity = uuid.uuid4().hex[:16]  # a new root's (layout.py)
+            if not self.storage.create_json(LAYOUT_FILE, self._layout().record()):
+                self._check_layout()  # another runner made the root meanwhile: its layout is the root's
 
     def _check_layout(self) -> bool:
         """Whether the root holds a layout; refused if this pipeline cannot run on it. Its labels
@@ -195,7 +199,8 @@ class SparkRunner:
         if problems:
             raise PipelineError(f"{self.storage.describe()} cannot run this pipeline: {'; '.join(problems)}. "
                                 "Use another root directory or delete this one to start over")
-        self.group_labels = RootLayout.from_record(stored).group_labels
+        stored_layout = RootLayout.from_record(stored)
+        self.group_labels, self.identity = stored_layout.group_labels, stored_layout.identity
         return True
 
     def _write_layout(self) -> None:
@@ -211,7 +216,8 @@ class SparkRunner:
                           {name: {state: stored_form(spec) for state, spec in declared_state(node.computation).items()}
                            for name, node in pipeline.computations.items()},
                           {name: f"{type(node.injector).__module__}.{type(node.injector).__qualname__}"
-                           for name, node in pipeline.injectors.items()})
+                           for name, node in pipeline.injectors.items()},
+                          identity=self.identity)
 
     def _choose_labels(self, parallelism: int) -> None:
         """A new root's key group labels (partitioning.py), chosen at its first start for the

@@ -5,8 +5,10 @@ delivery); a restart re-delivers from there, so every kind of sink must tolerate
 its last batch:
 
 - file sinks (jsonl, parquet): the executors wrote the batch's files under the root
-  (`sinks/<sink>/staging/`); delivery moves them into `<path>/<producer>-<batch>-<part>` (a name
-  already there is skipped), so the sink directory only ever holds delivered files;
+  (`sinks/<sink>/staging/`); delivery moves them into `<path>/<producer>-<batch>-<root>-<part>`
+  (`delivered_name`: <root> is the root's identity, so another root's files, even one made in the
+  same place, never share a name with this one's; a name already there is this root's redelivery,
+  skipped), so the sink directory only ever holds delivered files;
 - Spark writers (`path` with any other format): the batch goes to
   `<path>/producer=<producer>/batch=<batch>`, written with mode overwrite: a redelivery replaces it;
 - tables: appended with partition columns millstream_producer and millstream_batch, overwriting
@@ -36,6 +38,7 @@ from millstream.model.codecs import Codec, JsonCodec
 from millstream.model.locations import table_place
 from millstream.model.pipeline import Pipeline, SinkNode
 from millstream.spark import faults
+from millstream.spark.layout import read_layout
 from millstream.spark.publog import BATCH, PublicationLog
 from millstream.spark.rootfiles import sink_progress
 from millstream.spark.source import LOG_SCHEMA
@@ -154,23 +157,36 @@ class SinkDelivery:
         self.storage.write_json(self.progress_file(sink, producer), {"batch": entry["batch"], "position": position})
 
 
+def delivered_name(producer: str, batch: int, identity: str | None, part: str) -> str:
+    """The name of a file sink's file in its directory: by producer, batch and the root's identity
+    (layout.py), which a root made again in the same place does not share, so it never finds its
+    files there already; a root made before identities were kept has none in its names.
+
+    >>> delivered_name("count", 7, "4be1c0de", "part-00001-42.jsonl")
+    'count-000000000007-4be1c0de-part-00001-42.jsonl'
+    >>> delivered_name("count", 7, None, "part-00001-42.jsonl")
+    'count-000000000007-part-00001-42.jsonl'
+    """
+    return f"{producer}-{batch:012d}-{identity}-{part}" if identity else f"{producer}-{batch:012d}-{part}"
+
+
 def deliver_file_sink(root: str, node: SinkNode, producer: str, batch: int, entry: dict[str, Any],
-                      codec: Codec) -> None:
+                      codec: Codec, identity: str | None) -> None:
     """Move the batch's staged sink files into the sink directory (a re-delivery finds them there).
     A batch published before the sink was added staged none: its files are written from the batch's
     stream log instead, as a Spark-writer sink reads it, so a sink added later receives what is
-    retained either way."""
+    retained either way. `identity`: the root's (`delivered_name`)."""
     staging = Storage(root)
     target = Storage(node.path)  # type: ignore[arg-type]
     if node.name not in entry.get("sinks", {}):
         for number, (path, rows) in enumerate(entry.get("streams", {}).get(node.stream, [])):
-            final = f"{producer}-{batch:012d}-log-{number:05d}.{node.format}"
+            final = delivered_name(producer, batch, identity, f"log-{number:05d}.{node.format}")
             if rows and not target.exists(final):
                 table = pq.read_table(path, filesystem=staging.fs, schema=LOG_SCHEMA)
                 target.write(final, sink_file(table, node.format, codec))
         return
     for path, _rows in entry.get("sinks", {}).get(node.name, []):
-        final = f"{producer}-{batch:012d}-{path.rsplit('/', 1)[-1]}"
+        final = delivered_name(producer, batch, identity, path.rsplit("/", 1)[-1])
         if not target.exists(final):
             staging.move_to(path, target, final)
     # Other attempts of the batch were never committed: their files go.
@@ -426,11 +442,13 @@ def sink_deliverers(spark: Any, root: str, pipeline: Pipeline,
                     strong: set[str]) -> dict[str, tuple[SinkNode, list[str], SinkFunction]]:
     """Each sink with the computations it receives from and how it is delivered."""
     found: dict[str, tuple[SinkNode, list[str], SinkFunction]] = {}
+    layout = read_layout(Storage(root))
+    identity = layout.identity if layout is not None else None
     for node in pipeline.sinks.values():
         producers = [p for p in pipeline.producers(node.stream) if p in strong]
         if node.is_file_sink:
             def deliver(producer: str, batch: int, entry: dict[str, Any], node: SinkNode = node) -> None:
-                deliver_file_sink(root, node, producer, batch, entry, pipeline.codec(node.stream))
+                deliver_file_sink(root, node, producer, batch, entry, pipeline.codec(node.stream), identity)
         else:
             def deliver(producer: str, batch: int, entry: dict[str, Any], node: SinkNode = node) -> None:
                 deliver_with_spark(spark, pipeline, node, producer, batch, entry)

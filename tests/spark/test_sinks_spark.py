@@ -343,9 +343,53 @@ def test_a_sink_behind_its_computation_gets_every_batch_after_a_restart_that_pub
     assert windows(rows) == expected_windows(), sorted(os.listdir(written))
 
 
+def fresh_pipeline(base, prefix):
+    injector = GeneratorInjector(lambda i: Record(f"{prefix}{i % KEYS}", i, 7 * i), EVENTS, lambda n: 7 * n,
+                                 max_records_per_read=250)
+    return (Pipeline("fresh").add_injector("src", injector, "in")
+            .add_computation("windower", BucketCounter(), ["in"], ["windows"])
+            .add_sink("lines", "windows", f"{base}/lines")
+            .add_sink("table", "windows", f"{base}/table", format="parquet"))
+
+
+def test_a_new_root_s_files_join_those_an_earlier_root_left_in_the_sink_directory(tmp_path):
+    """A root deleted and made again (`millstream run --fresh`) writes into sink directories that
+    still hold the first root's files. Each driver process counts Spark's tasks from 0, so both name
+    their files alike: the new root's must still be delivered, next to the old ones. The new root's
+    driver is killed once after a delivery, before its progress was kept: the batch delivered again
+    after the restart, and every batch delivered again after the run, replace nothing twice."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join((os.path.dirname(os.path.dirname(here)),
+                                                         os.path.dirname(here)))}
+    for prefix, kill_at in (("a", None), ("b", "delivered@windower:3"), ("b", None)):
+        if kill_at or prefix == "a":
+            shutil.rmtree(tmp_path / "root", ignore_errors=True)
+        run = subprocess.run([sys.executable, os.path.abspath(__file__), str(tmp_path), "fresh", prefix],
+                             env={**env, "MILLSTREAM_KILL_AT": kill_at} if kill_at else env,
+                             start_new_session=True, capture_output=True, text=True, timeout=600)
+        assert run.returncode == (-9 if kill_at else 0), run.stderr[-3000:]
+    files = sorted(os.listdir(tmp_path / "lines")), sorted(os.listdir(tmp_path / "table"))
+    pipeline = fresh_pipeline(str(tmp_path), "b")
+    batches = [entry for _, entry in PublicationLog(str(tmp_path / "root"), "windower").entries_after(-1, 1 << 30)
+               if entry["type"] == BATCH]
+    for _node, _producers, deliver in sink_deliverers(None, str(tmp_path / "root"), pipeline, {"windower"}).values():
+        for entry in batches:  # file sinks need no Spark session
+            deliver("windower", entry["batch"], entry)
+    assert (sorted(os.listdir(tmp_path / "lines")), sorted(os.listdir(tmp_path / "table"))) == files
+    expected = sorted((f"{prefix}{key[1:]}", bucket, count) for prefix in ("a", "b")
+                      for key, bucket, count in expected_windows())
+    lines = [json.loads(line) for name in sorted(os.listdir(tmp_path / "lines"))
+             for line in open(tmp_path / "lines" / name)]
+    assert sorted((row["key"], *row["value"]) for row in lines) == expected
+    assert sorted((row["key"], *row["value"]) for row in parquet_rows(tmp_path / "table")) == expected
+
+
 if __name__ == "__main__":  # the driver process of the restart tests
     base = sys.argv[1]
-    if sys.argv[2:] == ["writer"]:
+    if sys.argv[2:3] == ["fresh"]:
+        SparkRunner(fresh_pipeline(base, sys.argv[3]), root=f"{base}/root", master="local[2]",
+                    max_records_per_batch=250).run(timeout=500)
+    elif sys.argv[2:] == ["writer"]:
         SparkRunner(writer_pipeline(base), root=f"{base}/root", master="local[2]", max_records_per_batch=250,
                     spark_conf={"spark.sql.warehouse.dir": f"{base}/warehouse"}).run(timeout=500)
     else:
