@@ -31,11 +31,12 @@ import threading
 import time
 import uuid
 from typing import Any, Callable
+from urllib.parse import urlsplit
 
 import pyarrow.parquet as pq
 
 from millstream.model.codecs import Codec, JsonCodec
-from millstream.model.locations import table_place
+from millstream.model.locations import is_local, table_place
 from millstream.model.pipeline import Pipeline, SinkNode
 from millstream.spark import faults
 from millstream.spark.layout import read_layout
@@ -200,11 +201,24 @@ def deliver_file_sink(root: str, node: SinkNode, producer: str, batch: int, entr
 LOG_COLUMNS = "key string, value binary, timestamp long, id string, segment int, order_key long, order_seq int"
 
 
-def batch_frame(spark: Any, pipeline: Pipeline, node: SinkNode, producer: str, entry: dict[str, Any]) -> Any:
-    """The batch's records of the sink's stream as a Spark DataFrame, read by the executors."""
+def spark_paths(root: str, entry: dict[str, Any], stream: str) -> list[str]:
+    """The batch's stream-log files of `stream` that hold records, as Spark reaches them: the log
+    records a remote root's files as its filesystem names them (`Storage.full_path`: `bucket/...`),
+    Spark needs the root's scheme in front; a local root's are local paths, given as they are."""
+    paths = [path for path, rows in entry.get("streams", {}).get(stream, []) if rows]
+    if is_local(root):
+        return paths
+    scheme = urlsplit(root).scheme
+    return [f"{scheme}://{path}" for path in paths]
+
+
+def batch_frame(spark: Any, pipeline: Pipeline, node: SinkNode, producer: str, entry: dict[str, Any],
+                root: str) -> Any:
+    """The batch's records of the sink's stream as a Spark DataFrame, read by the executors from the
+    root's stream-log files."""
     from pyspark.sql import functions as F
 
-    paths = [path for path, rows in entry.get("streams", {}).get(node.stream, []) if rows]
+    paths = spark_paths(root, entry, node.stream)
     if paths:
         frame = spark.read.schema(LOG_COLUMNS).parquet(*paths)
     else:
@@ -216,8 +230,8 @@ def batch_frame(spark: Any, pipeline: Pipeline, node: SinkNode, producer: str, e
 
 
 def deliver_with_spark(spark: Any, pipeline: Pipeline, node: SinkNode, producer: str, batch: int,
-                       entry: dict[str, Any]) -> None:
-    frame = batch_frame(spark, pipeline, node, producer, entry)
+                       entry: dict[str, Any], root: str) -> None:
+    frame = batch_frame(spark, pipeline, node, producer, entry, root)
     if node.writer is not None:
         node.writer(frame, batch)
     elif node.table is not None:
@@ -451,6 +465,6 @@ def sink_deliverers(spark: Any, root: str, pipeline: Pipeline,
                 deliver_file_sink(root, node, producer, batch, entry, pipeline.codec(node.stream), identity)
         else:
             def deliver(producer: str, batch: int, entry: dict[str, Any], node: SinkNode = node) -> None:
-                deliver_with_spark(spark, pipeline, node, producer, batch, entry)
+                deliver_with_spark(spark, pipeline, node, producer, batch, entry, root)
         found[node.name] = (node, producers, deliver)
     return found

@@ -175,7 +175,7 @@ def test_a_table_delivery_replaces_only_its_own_batch_whatever_the_sessions_over
     try:  # as if another sink thread put the setting back at once, whatever this delivery sets
         type(spark.conf).set = lambda self, key, value: None
         entry = batches[len(batches) // 2]
-        deliver_with_spark(spark, pipeline, pipeline.sinks["table"], "windower", entry["batch"], entry)
+        deliver_with_spark(spark, pipeline, pipeline.sinks["table"], "windower", entry["batch"], entry, root)
     finally:
         type(spark.conf).set = set_conf
         spark.conf.set("spark.sql.sources.partitionOverwriteMode", previous)
@@ -211,7 +211,7 @@ def test_a_table_delivery_takes_nothing_from_what_a_dead_delivery_left(spark, tm
     with open(os.path.join(leftover, "part-00000.parquet"), "wb") as f:
         f.write(b"half a file")
     for entry in batches:
-        deliver_with_spark(spark, pipeline, pipeline.sinks["table"], "windower", entry["batch"], entry)
+        deliver_with_spark(spark, pipeline, pipeline.sinks["table"], "windower", entry["batch"], entry, root)
     assert windows(spark.table("dead_first_windows").collect()) == expected_windows()
 
     # A delivery killed after one of its tasks committed, before the job did, leaves that task's files
@@ -225,7 +225,7 @@ def test_a_table_delivery_takes_nothing_from_what_a_dead_delivery_left(spark, tm
         if name.endswith(".parquet"):
             shutil.copy(os.path.join(first, name), os.path.join(task, f"dead-{name}"))
     last = batches[-1]
-    deliver_with_spark(spark, pipeline, pipeline.sinks["table"], "windower", last["batch"], last)
+    deliver_with_spark(spark, pipeline, pipeline.sinks["table"], "windower", last["batch"], last, root)
     assert windows(spark.table("dead_first_windows").collect()) == expected_windows()
     spark.sql("DROP TABLE dead_first_windows")
 
