@@ -132,6 +132,15 @@ class PublicationLog:
                 return position, entry
         return -1, None
 
+    def last_read_position(self) -> int:
+        """The position of the newest entry a reader must read (-1: none): the newest batch with
+        input points for its readers. A batch without any (the one a rescale commits) is read only
+        with a later one, as claims are, so a reader may stay behind it for good."""
+        for position, entry in self.entries_backwards(self.head()):
+            if entry["type"] == BATCH and entry["output"]:
+                return position
+        return -1
+
     def last_claim(self) -> dict[str, Any] | None:
         for _, entry in self.entries_backwards(self.head()):
             if entry["type"] == CLAIM:

@@ -615,7 +615,7 @@ class SparkRunner:
                     if node.injector.latest_offset(sender.partition, start, None) != start:
                         return False
                 elif node is None and sender.producer in self.commits:
-                    if at.get("position", -1) < _last_published(PublicationLog(self.root, sender.producer))[1]:
+                    if at.get("position", -1) < PublicationLog(self.root, sender.producer).last_read_position():
                         return False
         return True
 

@@ -140,3 +140,29 @@ def test_the_rescale_command_on_a_remote_root(spark, tmp_path, s3_server):
                           key_groups=8)
     resumed.run(timeout=300)
     assert output(resumed) == before
+
+
+class Forward(Computation):
+    def __init__(self, output):
+        self.output = output
+
+    def process_record(self, ctx, record):
+        ctx.produce(Record(ctx.key, record.value, record.timestamp), self.output)
+
+
+def test_a_finished_root_rescaled_and_run_again_finishes(spark, tmp_path):
+    """A rescale's batch, published with no input points, was the upstream log's last entry: the
+    downstream reader never moved past it, and run() waited for it for ever."""
+    def two_stages():
+        injector = GeneratorInjector(lambda i: Record(f"k{i % 7}", i, 10 * i), 300, lambda n: 10 * n,
+                                     max_records_per_read=100)
+        return (Pipeline("finished-rescaled").add_injector("src", injector, "in")
+                .add_computation("first", Forward("forwarded"), ["in"], ["forwarded"])
+                .add_computation("second", Forward("out"), ["forwarded"], ["out"]))
+
+    root = str(tmp_path / "root")
+    SparkRunner(two_stages(), root=root, spark=spark, key_groups=8, parallelism=2).run(timeout=180)
+    assert rescale(spark, root, 3) == {"first": (2, 3), "second": (2, 3)}
+    runner = SparkRunner(two_stages(), root=root, spark=spark, key_groups=8)
+    runner.run(timeout=120)
+    assert sorted(r.value for r in runner.read_stream("out")) == list(range(300))
