@@ -5,6 +5,8 @@ keep running and keep their state: their output is the output of a run that neve
 import json
 import os
 
+import pytest
+
 from bucket_counter import BucketCounter
 
 from millstream import Computation, GeneratorInjector, Pipeline, Record, ValueState
@@ -134,3 +136,23 @@ def test_dead_letters_of_a_computation_added_while_running_reach_the_dead_letter
     delivered = sorted((row["key"], row["value"]["value"][0]) for name in os.listdir(sink) if name.endswith(".jsonl")
                        for row in map(json.loads, open(sink / name)) if row["value"]["computation"] == "picky")
     assert delivered == expected
+
+
+class Letters(Computation):
+    def process_record(self, ctx, record):
+        ctx.produce(Record(ctx.key, record.value["computation"], record.timestamp), "letters")
+
+
+def test_a_computation_cannot_be_added_while_a_running_one_reads_dead_letters(spark, tmp_path):
+    """A running reader's senders are fixed: the new computation's dead letters would never reach it."""
+    from millstream import DEAD_LETTERS, PipelineError
+
+    runner = SparkRunner(pipeline(with_extra=False).add_computation("letters", Letters(), [DEAD_LETTERS], ["letters"]),
+                         root=str(tmp_path / "root"), spark=spark)
+    runner.start()
+    try:
+        with pytest.raises(PipelineError, match=r"'dead_letters' \(read by 'letters'\)"):
+            runner.add_computation("picky", Picky(), ["windows"], ["fine"], on_error="dead_letter")
+        assert "picky" not in runner.plans
+    finally:
+        runner.stop()
