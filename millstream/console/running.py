@@ -11,15 +11,14 @@ same command is run again).
 from __future__ import annotations
 
 import os
-import re
 import sys
-import tempfile
 import time
 import traceback
 from typing import Any, Callable, Sequence
 
 from millstream.console.options import EXIT_USAGE, UsageError
 from millstream.console.progress import ComputationStatus, ProgressDisplay, Snapshot
+from millstream.model.locations import temporary_log_dir
 from millstream.model.pipeline import WALL_TIMER_DRAIN_S, Pipeline, PipelineError
 from millstream.model.records import BEGINNING_OF_TIME
 
@@ -166,7 +165,7 @@ def run_on_harness(harness: Any, display: ProgressDisplay, snapshot: Callable[[A
 
 def harness_log(pipeline: Pipeline) -> str:
     """Where a harness run of `pipeline` keeps the full traces of its failures (it has no root)."""
-    return os.path.join(tempfile.gettempdir(), "millstream-logs", re.sub(r"[^\w.-]", "_", pipeline.name), "errors.log")
+    return os.path.join(temporary_log_dir(pipeline.name), "errors.log")
 
 
 def harness_failure(pipeline: Pipeline, error: Exception) -> RunFailed:

@@ -10,6 +10,8 @@ for the command line; Python code gets what it gives). A remote one keeps its sc
 from __future__ import annotations
 
 import os
+import re
+import tempfile
 from urllib.parse import urlsplit
 
 
@@ -59,3 +61,13 @@ def table_place(table: str) -> str:
     if len(parts) == 2 and parts[0] == "default":
         parts = parts[1:]
     return ".".join(parts)
+
+
+def temporary_log_dir(pipeline_name: str) -> str:
+    """Where a run of the pipeline keeps its logs when it has no local root to keep them in (a remote
+    root, the harness): a directory of its own under the system's temporary directory.
+
+    >>> temporary_log_dir("clicks/v2").endswith(os.path.join("millstream-logs", "clicks_v2"))
+    True
+    """
+    return os.path.join(tempfile.gettempdir(), "millstream-logs", re.sub(r"[^\w.-]", "_", pipeline_name))

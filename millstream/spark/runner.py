@@ -18,9 +18,7 @@ The commit protocol is commit.py, sinks sinks.py, the user-facing errors errors.
 from __future__ import annotations
 
 import os
-import re
 import sys
-import tempfile
 import time
 import types
 import uuid
@@ -33,7 +31,7 @@ import pyarrow.parquet as pq
 
 from millstream.core.plan import DEFAULT_KEY_GROUPS, ComputationPlan, declared_state, plan_computation
 from millstream.core.watermarks import declared_keyed
-from millstream.model.locations import is_local, local_path
+from millstream.model.locations import is_local, local_path, temporary_log_dir
 from millstream.model.pipeline import (DEAD_LETTERS, WALL_TIMER_DRAIN_S, ErrorPolicy, Pipeline, PipelineError,
                                       Production)
 from millstream.model.records import Record
@@ -144,8 +142,7 @@ class SparkRunner:
         self.checkpoint_root = os.path.abspath(checkpoint_root) if is_local(checkpoint_root) else checkpoint_root
         self._checkpoint_root_given = self.checkpoint_root if given_checkpoint_root else None
         # The driver's own logs stay on local disk (the JVM's output is redirected to a local file).
-        self.log_dir = self.root if self.storage.local else os.path.join(
-            tempfile.gettempdir(), "millstream-logs", re.sub(r"[^\w.-]", "_", pipeline.name))
+        self.log_dir = self.root if self.storage.local else temporary_log_dir(pipeline.name)
         self.master = master
         self.trigger_ms = trigger_ms
         self.batch_cap: int | BatchPacing = max_records_per_batch or batch_pacing
