@@ -16,6 +16,7 @@ from millstream import (
     Computation,
     FileInjector,
     GeneratorInjector,
+    HeuristicWatermark,
     Pipeline,
     Record,
     ScriptedInjector,
@@ -203,6 +204,35 @@ def test_generator_pacing_follows_the_clock_and_replays_without_it(monkeypatch):
     clock.time = lambda: 5_000.0
     assert inj.latest_offset("0", second, None)["next"] == 100
     assert [r.value for r in inj.read("0", first, second)] == list(range(25))
+
+
+@pytest.mark.parametrize("wrapped", [False, True])
+def test_a_harness_run_reads_a_paced_generator_to_its_end(wrapped):
+    # A generator paced in wall time has more to come than what is available at a given moment: a
+    # run to the end of the input waits for it rather than stopping with part of it read.
+    injector = GeneratorInjector(make, total=60, low_watermark=honest, records_per_second=200, partitions=2)
+    h, comp = harness_over(HeuristicWatermark(injector, 0.99) if wrapped else injector)
+    started = time.monotonic()
+    h.run_injectors()
+    assert sorted(r.value for r in comp.records) == list(range(60))
+    assert h.input_watermark("c") == END_OF_TIME
+    assert time.monotonic() - started >= 0.25  # paced: 60 records at 200 a second
+
+
+def test_a_paced_generator_says_when_its_next_record_comes(monkeypatch):
+    clock = types.SimpleNamespace(time=lambda: 1_000.0)
+    monkeypatch.setattr(generator_module, "time", clock)
+    inj = GeneratorInjector(make, total=6, low_watermark=honest, records_per_second=2, partitions=2)
+    assert inj.next_arrival_s("1", inj.initial_offset("1")) is None  # not started: it moves when asked
+    first = inj.latest_offset("1", inj.initial_offset("1"), None)
+    assert inj.next_arrival_s("1", first) == 1.0  # index 1 is the second record: 1 s after the start
+    clock.time = lambda: 1_000.75
+    assert inj.next_arrival_s("1", first) == 0.25
+    clock.time = lambda: 1_009.0
+    assert inj.next_arrival_s("1", first) == 0.0
+    end = inj.latest_offset("1", first, None)
+    assert end["next"] == 3 and inj.next_arrival_s("1", end) is None  # finished
+    assert GeneratorInjector(make, total=6, low_watermark=honest).next_arrival_s("0", first) is None  # unpaced
 
 
 # -- FileInjector ----------------------------------------------------------------------------------

@@ -102,6 +102,14 @@ class GeneratorInjector(Injector):
             # records of a key as duplicates of the first.
             yield record if record.id else record.with_id(derive_record_id(self.name, "index", index))
 
+    def next_arrival_s(self, partition: str, offset: Offset) -> float | None:
+        index = int(partition) + offset["next"] * self.partition_count  # the next index this partition reads
+        if not self.records_per_second or offset["started_ms"] is None or index >= self.total:
+            return None
+        # latest_offset makes index i available once int(elapsed * rate) > i
+        due = offset["started_ms"] / 1000 + (index + 1) / self.records_per_second
+        return max(0.0, float(due - time.time()))
+
     def low_watermark(self, partition: str, offset: Offset) -> int:
         index = int(partition) + offset["next"] * self.partition_count  # the next index this partition reads
         if index >= self.total:

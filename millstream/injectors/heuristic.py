@@ -270,6 +270,9 @@ class HeuristicWatermark(Injector):
     def is_finished(self, partition: str, offset: Offset) -> bool:
         return self.injector.is_finished(partition, offset["inner"])
 
+    def next_arrival_s(self, partition: str, offset: Offset) -> float | None:
+        return self.injector.next_arrival_s(partition, offset["inner"])
+
     # -- what it learned (status, benchmarks) ------------------------------------------------------
     def learned_bound_ms(self, offset: Offset) -> int | None:
         """How far the heuristic watermark trails the newest event time at `offset` (None in warm-up)."""

@@ -155,3 +155,10 @@ class Injector(ABC):
     def is_finished(self, partition: str, offset: Offset) -> bool:
         """True when nothing will ever follow `offset` in `partition`."""
         return self.low_watermark(partition, offset) >= END_OF_TIME
+
+    def next_arrival_s(self, partition: str, offset: Offset) -> float | None:
+        """Seconds of wall time until `partition` has more to read after `offset`, for an injector
+        that knows (one paced by the clock: 0.0 when more is there now); None where it cannot tell
+        (a live source: more comes when it comes) or nothing more will come. A run to the end of the
+        input (`PipelineHarness.run_injectors`) waits this long instead of stopping part way."""
+        return None

@@ -18,6 +18,7 @@ batches them, which is why the conformance test can demand record-for-record equ
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable, cast
 
@@ -35,6 +36,9 @@ from millstream.model.injector import Injector, Malformed, Offset, check_injecte
 from millstream.model.pipeline import (DEAD_LETTERS, UNHELD_WATERMARK_KEY, ErrorPolicy, Pipeline, PipelineError,
                                       Production)
 from millstream.model.records import BEGINNING_OF_TIME, END_OF_TIME, Record, Timer, derive_record_id, timestamp_problem
+
+# A paced input is polled at least this often while a run waits for it (its clock may be coarse).
+_LONGEST_ARRIVAL_WAIT_S = 0.2
 
 
 class InjectorFailed(RuntimeError):
@@ -261,12 +265,16 @@ class PipelineHarness:
         raise RuntimeError(f"pipeline did not settle within {max_steps} steps")
 
     def run_injectors(self, max_records_per_step: int | None = None, max_steps: int = 100_000) -> None:
-        """Pull from the real injectors step by step until they finish and the pipeline settles."""
+        """Pull from the real injectors step by step until they finish and the pipeline settles.
+        An injector paced by the clock (`Injector.next_arrival_s`) is waited for, in real time."""
         for _ in range(max_steps):
             moved = self.pull_injectors(max_records_per_step)
             busy = self.step()
             if not moved and not busy:
-                return
+                wait = self._next_arrival_s()
+                if wait is None:
+                    return
+                time.sleep(min(wait, _LONGEST_ARRIVAL_WAIT_S))
         raise RuntimeError(f"pipeline did not finish within {max_steps} steps")
 
     # -- inspecting ----------------------------------------------------------------------------
@@ -335,6 +343,13 @@ class PipelineHarness:
                 if (name, partition) not in self._idle and self._watermarks[(name, partition)] < END_OF_TIME:
                     times.append(self._active[(name, partition)] + node.idle_after_ms)
         return min(times) if times else None
+
+    def _next_arrival_s(self) -> float | None:
+        """The soonest any injector partition still to come says it has more (next_arrival_s)."""
+        waits = [wait for name, partition in self.inputs_to_come()
+                 if (wait := self.pipeline.injectors[name].injector.next_arrival_s(
+                     partition, self._offsets[(name, partition)])) is not None]
+        return min(waits) if waits else None
 
     def inputs_to_come(self) -> list[tuple[str, str]]:
         """The injector partitions that may still send: neither finished (their low watermark short of

@@ -565,6 +565,9 @@ class ZeitgeistInjector(Injector):
     def low_watermark(self, partition: str, offset: Offset) -> int:
         return self._generator().low_watermark(partition, offset)
 
+    def next_arrival_s(self, partition: str, offset: Offset) -> float | None:
+        return self._generator().next_arrival_s(partition, offset)
+
     def max_emitted(self, emitted: int) -> int:
         """Largest event time among the first `emitted` events (for event-time lag displays)."""
         log = self.log
