@@ -669,6 +669,9 @@ def test_a_finished_file_input_says_nothing_new_however_the_clock_moves(tmp_path
     end = inj.latest_offset("0", inj.initial_offset("0"), None)
     time.sleep(0.005)
     assert end["done"] and inj.latest_offset("0", end, None) == end
+    (tmp_path / "_DONE").unlink()  # a finished input stays finished: a run reading it can end
+    time.sleep(0.005)
+    assert inj.latest_offset("0", end, None) == end
     (tmp_path / "b.jsonl").write_text('{"key": "b", "value": 2, "timestamp": 6}\n')
     assert inj.latest_offset("0", end, None)["read"] == ["a.jsonl", "b.jsonl"]
 

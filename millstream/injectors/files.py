@@ -22,7 +22,8 @@ writer started it, so its records are stamped no earlier. Where it comes from:
   newest visible one minus max_write_ms. A file whose name holds no time is read at once, as if
   created at the beginning of time (its records may be late: they reach user code flagged so).
 
-Once `_DONE` exists and every file is read, the watermark is END_OF_TIME. With `partitions=n`, files
+Once `_DONE` exists and every file is read, the watermark is END_OF_TIME, and the input stays
+finished if `_DONE` is deleted later (files added afterwards are still read, late). With `partitions=n`, files
 are spread over n partitions by a hash of their name, each read by its own Spark task and publishing
 its own watermark (with `creation="name"`, a partition bounds its files not yet visible by the newest
 file of the whole directory, so a partition without files does not hold the watermark back).
@@ -158,7 +159,9 @@ class FileInjector(Injector):
             not_yet_visible = newest
         watermark = min(remaining[0][0], not_yet_visible) if remaining else not_yet_visible
         watermark = max(watermark, start["watermark"])
-        done = done_marker and not remaining
+        # Finished stays finished while nothing new comes (a _DONE deleted afterwards changes nothing):
+        # a run waits for every input to say nothing new.
+        done = (done_marker or start["done"]) and not remaining and (done_marker or not taking)
         end = {"read": read, "watermark": watermark, "done": done}
         if end["read"] == start["read"] and done == start["done"] and (done or watermark == start["watermark"]):
             return start  # finished, the clock's watermark means nothing new
