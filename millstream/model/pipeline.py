@@ -287,8 +287,9 @@ class Pipeline:
           object per record: key, timestamp, id, value. A Parquet file has columns key, timestamp
           and id, then one column per field of dict values (every field any record has; null where a
           record lacks it; a field named key, timestamp or id, or starting with "value.", goes to
-          column "value.<field>"), and column "value" for values that are not dicts; a column whose
-          values make no one Parquet type (an int here, a string there) holds each value's JSON text;
+          column "value.<field>", a field that is not a str to "value.<its repr>"), and column
+          "value" for values that are not dicts; a column whose values make no one Parquet type (an
+          int here, a string there) holds each value's JSON text;
         - `path` with any other Spark format ("csv", "orc", "json", ...): Spark's writer, each batch
           into `path/producer=<p>/batch=<id>` (a re-delivery replaces it);
         - `table`: appended to a Spark table partitioned by `millstream_producer` and

@@ -167,13 +167,15 @@ VALUE_PREFIX = "value."
 def value_column(field: Any) -> str:
     """The Parquet sink's column of a dict value's field: its own name, except that a field named
     like one of the record's columns (key, timestamp, id), or starting with "value.", is prefixed
-    with "value.", so no two fields share a column and none replaces the record's own.
+    with "value.", and a field that is not a str (a pickled dict's 3 beside "3") is "value." and its
+    repr, so no two fields share a column and none replaces the record's own.
 
-    >>> [value_column(f) for f in ("n", "id", "value", "value.id", 3)]
-    ['n', 'value.id', 'value', 'value.value.id', '3']
+    >>> [value_column(f) for f in ("n", "id", "value", "value.id", "3", 3, (1, "a"))]
+    ['n', 'value.id', 'value', 'value.value.id', '3', 'value.3', "value.(1, 'a')"]
     """
-    name = str(field)
-    return VALUE_PREFIX + name if name in _RECORD_COLUMNS or name.startswith(VALUE_PREFIX) else name
+    if type(field) is not str:
+        return VALUE_PREFIX + repr(field)
+    return VALUE_PREFIX + field if field in _RECORD_COLUMNS or field.startswith(VALUE_PREFIX) else field
 
 
 def parquet_table(rows: Sequence[Mapping[str, Any]]) -> pa.Table:
