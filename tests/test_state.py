@@ -917,6 +917,105 @@ def test_the_map_index_changes_nothing_for_keys_equal_across_types(monkeypatch):
         assert _map_session(seed, keys, monkeypatch, True) == _map_session(seed, keys, monkeypatch, False), seed
 
 
+class ReprKeyCodec:
+    """A user's key codec: a key's repr (1, 1.0 and True apart, as are 0.0 and -0.0), read back by
+    literal_eval. No int or str key is kept as itself under it: every key takes the encoded path."""
+
+    def encode(self, value):
+        return repr(value).encode()
+
+    def decode(self, data):
+        import ast
+
+        return ast.literal_eval(bytes(data).decode())
+
+
+def _fresh(value):
+    """An object equal to `value`, of its type and (for floats, tuples and strs) not `value` itself:
+    a key built anew for each record, as user code builds them."""
+    kind = type(value)
+    if kind is float:
+        return float(repr(value))
+    if kind is str:
+        return "".join(list(value))
+    if kind is tuple:
+        return tuple(_fresh(item) for item in value)
+    return value
+
+
+_AB = "".join(["a", "b"])
+# Keys equal in Python across types (1 == 1.0 == True, 0.0 == -0.0, (1, 2) == (1.0, 2)) and keys whose
+# pickle depends on what they share: ("ab", "ab") pickles one str twice or two equal strs apart.
+_FORM_KEYS = [0, 1, 1.0, True, False, -0.0, 0.0, 2.5, -7.25, 1e300, None, "1", "a", 10**30, b"xy", (1, 2), (1.0, 2),
+              (True, 2), (0.0,), (-0.0,), ((1,), 1.0), ((1.0,), 1), ("a", 1), (_AB, _AB), (_AB, "".join(_AB))]
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("key_codec", [JsonCodec(), PickleCodec(), ReprKeyCodec()], ids=["json", "pickle", "repr"])
+def test_map_keys_are_their_encodings_across_steps_flushes_and_failures(key_codec, seed):
+    """Random map operations against a plain dict keyed by each key's encoding (what is stored), keys
+    looked up as the same object again and as equal objects built anew, over steps (the KeyState kept
+    or read back from its blob), flushes within a step, and failures that go back to a checkpoint
+    taken within it. Keys the codec refuses are absent to every lookup; unhashable keys raise."""
+    import math
+
+    from millstream.core.keystate import KeyState
+    from millstream.model.codecs import CodecError
+
+    def encoding(key):
+        try:
+            return key_codec.encode(key)
+        except CodecError:
+            return None  # refused: never stored
+
+    keys = _FORM_KEYS + ([math.nan, (math.nan, 1)] if type(key_codec) is PickleCodec else [])
+    rng = random.Random(seed)
+    spec, model, blob, state = MapState("m", key_codec=key_codec), {}, None, None
+    for _ in range(40):
+        state = KeyState.loads(blob) if blob is not None and rng.random() < 0.7 else state or KeyState()
+        checkpoint = None
+        for _ in range(rng.randrange(1, 40)):
+            cell = state.cell(spec)
+            key = rng.choice(keys)
+            key = _fresh(key) if rng.random() < 0.5 else key
+            encoded, op = encoding(key), rng.random()
+            if op < 0.3:
+                expected = model.get(encoded, "absent") if encoded is not None else "absent"
+                assert repr(cell.get(key, "absent")) == repr(expected), key
+            elif op < 0.4:
+                assert cell.contains(key) == (encoded in model), key
+            elif op < 0.6:
+                if encoded is not None:
+                    value = rng.randrange(100)
+                    cell.put(key, value)
+                    model[encoded] = value
+            elif op < 0.72:
+                cell.remove(key)
+                model.pop(encoded, None)
+            elif op < 0.76:
+                listed = [(key_codec.decode(k), v) for k, v in model.items()]
+                assert repr(list(cell.items())) == repr(listed) and len(cell) == len(model)
+            elif op < 0.78:
+                cell.clear()
+                model.clear()
+            elif op < 0.8:
+                unhashable, method = rng.choice([[1], (1, [2])]), rng.choice(["get", "put", "remove", "contains"])
+                with pytest.raises(TypeError, match="must be hashable"):
+                    cell.put(unhashable, 0) if method == "put" else getattr(cell, method)(unhashable)
+            elif op < 0.86:  # a flush within the step (the checkpoint before it is spent)
+                state.flush({"m": spec})
+                checkpoint = None
+            elif op < 0.93:
+                checkpoint = state.checkpoint(), dict(model)
+            elif checkpoint is not None:  # a failure: back to the checkpoint
+                state, model = KeyState.restored(checkpoint[0]), checkpoint[1]
+                checkpoint = None
+        state.flush({"m": spec})
+        state.end_step()
+        assert list(state.values.get("m", {}).items()) == [(k, spec.value_codec.encode(v)) for k, v in model.items()]
+        blob = state.dumps()
+
+
 def test_json_codec_decodes_negative_ints_of_nineteen_digits_exactly():
     from millstream.model.codecs import JsonCodec
 
