@@ -1016,6 +1016,27 @@ def test_map_keys_are_their_encodings_across_steps_flushes_and_failures(key_code
         blob = state.dumps()
 
 
+
+class Box:
+    """Hashable by identity, pickled with what it holds."""
+
+    def __init__(self, content) -> None:
+        self.content = content
+
+
+def test_a_map_key_holding_an_object_that_changes_is_encoded_as_it_is_at_each_use():
+    """A key's form may be remembered within a step only where its encoding cannot change."""
+    from millstream.core.keystate import MapCell
+
+    cell = MapCell(MapState("m", key_codec=PickleCodec()), {})
+    box = Box(1)
+    key = ("k", box)
+    cell.put(key, "one")
+    box.content = 2
+    assert (cell.get(key, "absent"), cell.contains(key)) == ("absent", False)
+    cell.put(key, "two")
+    assert [(k[1].content, v) for k, v in cell.items()] == [(1, "one"), (2, "two")]
+
 def test_json_codec_decodes_negative_ints_of_nineteen_digits_exactly():
     from millstream.model.codecs import JsonCodec
 

@@ -15,6 +15,7 @@ on schedule whether or not the key sees records again.
 
 from __future__ import annotations
 
+import math
 import pickle
 from typing import Any, Iterator, NamedTuple
 
@@ -522,6 +523,15 @@ _EXACT_KEY_CODECS = (JsonCodec, StrCodec)
 # kept as their encodings; under any other codec, every key is.
 _KEPT_KEY_TYPES = frozenset((int, str))
 _NO_KEPT_KEY_TYPES: frozenset[type] = frozenset()
+# Key types whose forms a map remembers for the step by type and value (MapCell._form): equal keys of
+# one of these types are the same data, so any codec that is a function of its input encodes them
+# alike, but for a zero float's sign, which is checked. A tuple's form is remembered for the tuple
+# object itself: equal tuples may encode apart ((1,) and (1.0,); under pickle, one str twice or two
+# equal strs).
+_VALUE_FORM_TYPES = frozenset((float, bool, type(None), bytes, int, str))
+# A map remembering this many key forms in a step forgets them and starts again (each NaN object is
+# one more: NaN equals nothing).
+MAX_REMEMBERED_FORMS = 4096
 # A map of up to this many stored entries may be indexed by its decoded keys in a step (MapCell), so
 # that lookups of keys not stored encode nothing; a larger map encodes each key looked up.
 INDEXED_MAP_ENTRIES = 32
@@ -545,6 +555,12 @@ class MapCell:
     the index cannot be stored, so the common lookup, of a key not there yet, encodes nothing; a key
     present in it is still looked up by its encoding.
 
+    The form of a key not of a kept type takes an encoding (and a decoding, under an exact codec) to
+    find: the step remembers it (`forms`), for keys of _VALUE_FORM_TYPES by type and value and for
+    tuples of plain data by the tuple object, so that a key used again in the step is not encoded
+    again. A form depends on the key alone, not on the entries, so what is remembered holds across
+    flushes and checkpoints; the cell, and with it what it remembers, lives one step.
+
     >>> cell = MapCell(MapState("m"), {b"1": b"10", b'"a"': b"20"})
     >>> cell.get(1), cell.get("a"), cell.get(2, 0), cell.get(1.0, "absent")
     (10, 20, 0, 'absent')
@@ -554,7 +570,7 @@ class MapCell:
     """
 
     __slots__ = ("spec", "stored", "live", "on_write", "encoded", "index", "unindexed_lookups", "moved", "removals",
-                 "kept", "exact")
+                 "kept", "exact", "forms")
 
     def __init__(self, spec: MapState[Any, Any], stored: dict[bytes, bytes], on_write: Any = None) -> None:
         self.spec = spec
@@ -572,6 +588,9 @@ class MapCell:
         # Keys put again after a removal this step: they go last, as in a dict (`_all`, `encode`).
         self.moved: set[Any] = set()
         self.removals = False  # whether anything was removed this step (a put looks for a removal only then)
+        # key -> (the key, its form) for keys not of a kept type, made on first use (equal keys of
+        # other types share a slot: each use checks the key's type, or identity; see `_form`).
+        self.forms: dict[Any, tuple[Any, Any]] | None = None
 
     def copy(self, memo: dict[int, Any]) -> "MapCell":
         copied = MapCell.__new__(MapCell)
@@ -584,6 +603,7 @@ class MapCell:
         copied.unindexed_lookups = self.unindexed_lookups
         copied.moved, copied.removals = set(self.moved), self.removals
         copied.kept, copied.exact = self.kept, self.exact
+        copied.forms = self.forms  # shared: a form depends on the key alone
         return copied
 
     def _lookups_before_index(self) -> int:
@@ -611,8 +631,34 @@ class MapCell:
         return index
 
     def _form(self, key: Any) -> Any:
-        """The form of a key not of a kept type (see the class doc). Raises TypeError for a key that
-        is not hashable."""
+        """The form of a key not of a kept type (see the class doc), remembered for the step where it
+        can be. Raises TypeError for a key that is not hashable."""
+        kind = type(key)
+        if kind is not tuple and kind not in _VALUE_FORM_TYPES:
+            return self._new_form(key)
+        forms = self.forms
+        if forms is None:
+            forms = self.forms = {}
+        else:
+            try:
+                seen = forms.get(key)
+            except TypeError:  # a tuple holding something unhashable
+                return self._new_form(key)
+            # Found by equality: the very key, or (not for a tuple) one of its type and, if a zero, sign.
+            if seen is not None:
+                other = seen[0]
+                if other is key or (kind is not tuple and type(other) is kind and (
+                        key or kind is not float or math.copysign(1.0, key) == math.copysign(1.0, other))):
+                    return seen[1]
+        form = self._new_form(key)
+        if kind is not tuple or _plain_key(key, 0):
+            if len(forms) >= MAX_REMEMBERED_FORMS:
+                forms.clear()
+            forms[key] = (key, form)
+        return form
+
+    def _new_form(self, key: Any) -> Any:
+        """The form of a key not of a kept type, found from its encoding."""
         try:
             hash(key)
         except TypeError:
@@ -822,6 +868,18 @@ class MapCell:
         moved.clear()
         self.removals = False  # no marker is left in `live`
         return stored or None
+
+
+def _plain_key(key: tuple[Any, ...], depth: int) -> bool:
+    """Whether a tuple holds only plain atoms and tuples of them (at most 20 deep): its encoding
+    cannot change while it lives, so its form can be remembered."""
+    if depth > 20:
+        return False
+    for item in key:
+        kind = type(item)
+        if kind not in _PLAIN_ATOMS and (kind is not tuple or not _plain_key(item, depth + 1)):
+            return False
+    return True
 
 
 def decoded_value(cell: Any) -> Any:
