@@ -931,13 +931,15 @@ class ReprKeyCodec:
 
 
 def _fresh(value):
-    """An object equal to `value`, of its type and (for floats, tuples and strs) not `value` itself:
+    """An object equal to `value`, of its type and (floats, strs, bytes, tuples) not `value` itself:
     a key built anew for each record, as user code builds them."""
     kind = type(value)
     if kind is float:
         return float(repr(value))
     if kind is str:
         return "".join(list(value))
+    if kind is bytes:
+        return bytes(list(value))
     if kind is tuple:
         return tuple(_fresh(item) for item in value)
     return value
@@ -947,7 +949,8 @@ _AB = "".join(["a", "b"])
 # Keys equal in Python across types (1 == 1.0 == True, 0.0 == -0.0, (1, 2) == (1.0, 2)) and keys whose
 # pickle depends on what they share: ("ab", "ab") pickles one str twice or two equal strs apart.
 _FORM_KEYS = [0, 1, 1.0, True, False, -0.0, 0.0, 2.5, -7.25, 1e300, None, "1", "a", 10**30, b"xy", (1, 2), (1.0, 2),
-              (True, 2), (0.0,), (-0.0,), ((1,), 1.0), ((1.0,), 1), ("a", 1), (_AB, _AB), (_AB, "".join(_AB))]
+              (True, 2), (0.0,), (-0.0,), ((1,), 1.0), ((1.0,), 1), ("a", 1), ("a", 1.0), ("a", True), ("a", 0.0),
+              ("a", -0.0), ("a", "b"), (None, b"xy", 2.5), (_AB, _AB), (_AB, "".join(_AB)), (b"xy", b"xy")]
 
 
 @pytest.mark.parametrize("seed", range(6))

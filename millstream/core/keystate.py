@@ -525,9 +525,10 @@ _KEPT_KEY_TYPES = frozenset((int, str))
 _NO_KEPT_KEY_TYPES: frozenset[type] = frozenset()
 # Key types whose forms a map remembers for the step by type and value (MapCell._form): equal keys of
 # one of these types are the same data, so any codec that is a function of its input encodes them
-# alike, but for a zero float's sign, which is checked. A tuple's form is remembered for the tuple
-# object itself: equal tuples may encode apart ((1,) and (1.0,); under pickle, one str twice or two
-# equal strs).
+# alike, but for a zero float's sign, which is checked. Equal tuples may encode apart ((1,) and (1.0,);
+# under pickle, one str twice or two equal strs): a tuple's form is remembered for tuples of the same
+# item types only if its items are of these types, no float a zero and no str or bytes twice (`_flat_types`),
+# else for that tuple object alone.
 _VALUE_FORM_TYPES = frozenset((float, bool, type(None), bytes, int, str))
 # A map remembering this many key forms in a step forgets them and starts again (each NaN object is
 # one more: NaN equals nothing).
@@ -588,9 +589,9 @@ class MapCell:
         # Keys put again after a removal this step: they go last, as in a dict (`_all`, `encode`).
         self.moved: set[Any] = set()
         self.removals = False  # whether anything was removed this step (a put looks for a removal only then)
-        # key -> (the key, its form) for keys not of a kept type, made on first use (equal keys of
-        # other types share a slot: each use checks the key's type, or identity; see `_form`).
-        self.forms: dict[Any, tuple[Any, Any]] | None = None
+        # key -> (the key, its form, a tuple's item types if equal tuples of them share it) for keys not
+        # of a kept type, made on first use (equal keys of other types share a slot: see `_form`).
+        self.forms: dict[Any, tuple[Any, Any, tuple[type, ...] | None]] | None = None
 
     def copy(self, memo: dict[int, Any]) -> "MapCell":
         copied = MapCell.__new__(MapCell)
@@ -644,17 +645,26 @@ class MapCell:
                 seen = forms.get(key)
             except TypeError:  # a tuple holding something unhashable
                 return self._new_form(key)
-            # Found by equality: the very key, or (not for a tuple) one of its type and, if a zero, sign.
+            # Found by equality: the very key, or one of its type (item types) and, if a zero, sign.
             if seen is not None:
                 other = seen[0]
-                if other is key or (kind is not tuple and type(other) is kind and (
-                        key or kind is not float or math.copysign(1.0, key) == math.copysign(1.0, other))):
+                if other is key:
+                    return seen[1]
+                if kind is tuple:
+                    if seen[2] is not None and seen[2] == tuple(map(type, key)):
+                        return seen[1]
+                elif type(other) is kind and (key or kind is not float
+                                              or math.copysign(1.0, key) == math.copysign(1.0, other)):
                     return seen[1]
         form = self._new_form(key)
-        if kind is not tuple or _plain_key(key, 0):
-            if len(forms) >= MAX_REMEMBERED_FORMS:
-                forms.clear()
-            forms[key] = (key, form)
+        types = None
+        if kind is tuple:
+            types = _flat_types(key)
+            if types is None and not _plain_key(key, 0):
+                return form
+        if len(forms) >= MAX_REMEMBERED_FORMS:
+            forms.clear()
+        forms[key] = (key, form, types)
         return form
 
     def _new_form(self, key: Any) -> Any:
@@ -868,6 +878,21 @@ class MapCell:
         moved.clear()
         self.removals = False  # no marker is left in `live`
         return stored or None
+
+
+def _flat_types(key: tuple[Any, ...]) -> tuple[type, ...] | None:
+    """The item types of a tuple whose encoding any equal tuple of the same item types shares (see
+    _VALUE_FORM_TYPES); None for any other tuple."""
+    types = tuple(map(type, key))
+    if not _VALUE_FORM_TYPES.issuperset(types):
+        return None
+    if float in types and not all(item for item in key if type(item) is float):
+        return None  # a zero: 0.0 == -0.0
+    if str in types or bytes in types:
+        shared = [item for item in key if type(item) is str or type(item) is bytes]
+        if len(set(shared)) < len(shared):
+            return None
+    return types
 
 
 def _plain_key(key: tuple[Any, ...], depth: int) -> bool:
