@@ -583,6 +583,8 @@ class MapCell:
         self.exact = codec_type in _EXACT_KEY_CODECS
         # The types of keys kept as themselves (see the class doc).
         self.kept = _KEPT_KEY_TYPES if self.exact or codec_type is PickleCodec else _NO_KEPT_KEY_TYPES
+        if not self.kept:
+            self.__class__ = _EncodedKeysMapCell  # (the same slots)
         # The stored kept keys, decoded (to their encodings); None: not built (yet), or not for this map.
         self.index: dict[Any, bytes] | None = None
         self.unindexed_lookups = self._lookups_before_index()
@@ -594,7 +596,7 @@ class MapCell:
         self.forms: dict[Any, tuple[Any, Any, tuple[type, ...] | None]] | None = None
 
     def copy(self, memo: dict[int, Any]) -> "MapCell":
-        copied = MapCell.__new__(MapCell)
+        copied = MapCell.__new__(type(self))
         copied.spec, copied.stored, copied.on_write = self.spec, self.stored, self.on_write
         live = self.live
         _check_plain_keys(live, memo, 0)
@@ -743,8 +745,11 @@ class MapCell:
             value = self.live[form] = self.spec.value_codec.decode(data)
         return default if value is _REMOVED else value
 
+    # get, put, remove and contains take an int or str key as itself: this class is for maps that keep
+    # them (kept is _KEPT_KEY_TYPES; see __init__), so a key's type is checked without looking at kept.
     def get(self, key: Any, default: Any = None) -> Any:
-        if type(key) not in self.kept:
+        kind = type(key)
+        if kind is not int and kind is not str:
             return self._get_form(self._form(key), default)
         value = self.live.get(key, _MISSING)
         if value is _MISSING:
@@ -772,9 +777,10 @@ class MapCell:
         return default if value is _REMOVED else value
 
     def put(self, key: Any, value: Any) -> None:
-        if type(key) not in self.kept:
+        kind = type(key)
+        if kind is not int and kind is not str:
             key = self._form(key)
-        live = self.live
+        live = self.live  # _put_form(), inlined: the per-record path
         if self.removals and live.get(key) is _REMOVED:  # put again after a removal: last, as in a dict
             del live[key]
             self.moved.add(key)
@@ -783,17 +789,31 @@ class MapCell:
             self.on_write(self.spec)
 
     def remove(self, key: Any) -> None:
-        if type(key) not in self.kept:
+        kind = type(key)
+        if kind is not int and kind is not str:
             key = self._form(key)
         self.live[key] = _REMOVED
         self.removals = True
 
     def contains(self, key: Any) -> bool:
-        if type(key) not in self.kept:
+        kind = type(key)
+        if kind is not int and kind is not str:
             key = self._form(key)
-        value = self.live.get(key, _MISSING)
+        return self._contains_form(key)
+
+    def _put_form(self, form: Any, value: Any) -> None:
+        live = self.live
+        if self.removals and live.get(form) is _REMOVED:  # put again after a removal: last, as in a dict
+            del live[form]
+            self.moved.add(form)
+        live[form] = value
+        if self.on_write is not None:
+            self.on_write(self.spec)
+
+    def _contains_form(self, form: Any) -> bool:
+        value = self.live.get(form, _MISSING)
         if value is _MISSING:
-            return self._stored_value(key) is not None
+            return self._stored_value(form) is not None
         return value is not _REMOVED
 
     def clear(self) -> None:
@@ -878,6 +898,26 @@ class MapCell:
         moved.clear()
         self.removals = False  # no marker is left in `live`
         return stored or None
+
+
+class _EncodedKeysMapCell(MapCell):
+    """A MapCell whose key codec keeps no key as itself (see MapCell's doc): an int or str key takes
+    its form too."""
+
+    __slots__ = ()
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        return self._get_form(self._form(key), default)
+
+    def put(self, key: Any, value: Any) -> None:
+        self._put_form(self._form(key), value)
+
+    def remove(self, key: Any) -> None:
+        self.live[self._form(key)] = _REMOVED
+        self.removals = True
+
+    def contains(self, key: Any) -> bool:
+        return self._contains_form(self._form(key))
 
 
 def _flat_types(key: tuple[Any, ...]) -> tuple[type, ...] | None:
