@@ -557,10 +557,11 @@ class MapCell:
     present in it is still looked up by its encoding.
 
     The form of a key not of a kept type takes an encoding (and a decoding, under an exact codec) to
-    find: the step remembers it (`forms`), for keys of _VALUE_FORM_TYPES by type and value and for
-    tuples of plain data by the tuple object, so that a key used again in the step is not encoded
-    again. A form depends on the key alone, not on the entries, so what is remembered holds across
-    flushes and checkpoints; the cell, and with it what it remembers, lives one step.
+    find: the step remembers it (`forms`): for keys of _VALUE_FORM_TYPES by type and value, for tuples
+    of them by item types and value where equal such tuples encode alike (`_flat_types`), for other
+    tuples of plain data by the tuple object; so a key used again in the step, or built again equal,
+    is not encoded again. A form depends on the key alone, not on the entries, so what is remembered
+    holds across flushes and checkpoints; the cell, and with it what it remembers, lives one step.
 
     >>> cell = MapCell(MapState("m"), {b"1": b"10", b'"a"': b"20"})
     >>> cell.get(1), cell.get("a"), cell.get(2, 0), cell.get(1.0, "absent")
