@@ -438,7 +438,8 @@ class ValueCell:
 
     def copy(self, memo: dict[int, Any]) -> "ValueCell":
         copied = ValueCell.__new__(ValueCell)
-        copied.spec, copied.origin, copied.deleted, copied.on_write = self.spec, self.origin, self.deleted, self.on_write
+        copied.spec, copied.origin, copied.on_write = self.spec, self.origin, self.on_write
+        copied.deleted = self.deleted
         copied.value = self.value if self.value is _ABSENT else _plain_copy(self.value, memo)
         return copied
 
