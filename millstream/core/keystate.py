@@ -638,35 +638,37 @@ class MapCell:
     def _form(self, key: Any) -> Any:
         """The form of a key not of a kept type (see the class doc), remembered for the step where it
         can be. Raises TypeError for a key that is not hashable."""
-        kind = type(key)
-        if kind is not tuple and kind not in _VALUE_FORM_TYPES:
-            return self._new_form(key)
         forms = self.forms
-        if forms is None:
-            forms = self.forms = {}
-        else:
+        if forms is not None:
             try:
                 seen = forms.get(key)
-            except TypeError:  # a tuple holding something unhashable
+            except TypeError:  # a key, or an item of a tuple, that is not hashable
                 return self._new_form(key)
-            # Found by equality: the very key, or one of its type (item types) and, if a zero, sign.
+            # Found by equality: the very key (only keys of the types below are remembered), or one of
+            # its type (item types) and, if a zero, sign.
             if seen is not None:
                 other = seen[0]
                 if other is key:
                     return seen[1]
+                kind = type(key)
                 if kind is tuple:
                     if seen[2] is not None and seen[2] == tuple(map(type, key)):
                         return seen[1]
                 elif type(other) is kind and (key or kind is not float
                                               or math.copysign(1.0, key) == math.copysign(1.0, other)):
                     return seen[1]
+        kind = type(key)
+        if kind is not tuple and kind not in _VALUE_FORM_TYPES:
+            return self._new_form(key)
         form = self._new_form(key)
         types = None
         if kind is tuple:
             types = _flat_types(key)
             if types is None and not _plain_key(key, 0):
                 return form
-        if len(forms) >= MAX_REMEMBERED_FORMS:
+        if forms is None:
+            forms = self.forms = {}
+        elif len(forms) >= MAX_REMEMBERED_FORMS:
             forms.clear()
         forms[key] = (key, form, types)
         return form
@@ -752,7 +754,11 @@ class MapCell:
     def get(self, key: Any, default: Any = None) -> Any:
         kind = type(key)
         if kind is not int and kind is not str:
-            return self._get_form(self._form(key), default)
+            form = self._form(key)
+            value = self.live.get(form, _MISSING)  # _get_form(), inlined where the step has the entry
+            if value is _MISSING:
+                return self._get_form(form, default)
+            return default if value is _REMOVED else value
         value = self.live.get(key, _MISSING)
         if value is _MISSING:
             stored = self.stored
@@ -801,7 +807,10 @@ class MapCell:
         kind = type(key)
         if kind is not int and kind is not str:
             key = self._form(key)
-        return self._contains_form(key)
+        value = self.live.get(key, _MISSING)  # _contains_form(), inlined
+        if value is _MISSING:
+            return self._stored_value(key) is not None
+        return value is not _REMOVED
 
     def _put_form(self, form: Any, value: Any) -> None:
         live = self.live
