@@ -653,6 +653,7 @@ class MapCell:
                 kind = type(key)
                 if kind is tuple:
                     if seen[2] is not None and seen[2] == tuple(map(type, key)):
+                        forms[key] = (key, seen[1], seen[2])  # this tuple's next use: found as itself
                         return seen[1]
                 elif type(other) is kind and (key or kind is not float
                                               or math.copysign(1.0, key) == math.copysign(1.0, other)):
