@@ -184,7 +184,7 @@ class _Invocation:
     """The Context handed to user code for one key; collects productions."""
 
     __slots__ = ("_plan", "_state", "_key", "_low_watermark", "_wall_time", "_late", "_stream",
-                 "_cause", "_setter", "_produced", "_out", "_segment", "_handles", "_order", "_advanced",
+                 "_cause", "_first_id", "_setter", "_produced", "_out", "_segment", "_handles", "_order", "_advanced",
                  "_inputs", "_after", "_by_spec", "_name", "_codecs", "_segments", "_last_spec", "_last_handle",
                  "_timers", "timer_changes", "set_at", "_holds", "hold_changes")
 
@@ -210,7 +210,10 @@ class _Invocation:
         self._low_watermark = 0
         self._late = False
         self._stream: str | None = None
-        self._cause = ""  # what this invocation's production ids derive from
+        self._cause: str | None = ""  # what this invocation's production ids derive from (None: see _first_id)
+        # A timer firing's first production id's text, f"{name}\x1f{cause}\x1f0", built at once instead
+        # of its cause (None for records: their cause is their timers' setter, needed anyway).
+        self._first_id: str | None = None
         self._setter: str | None = ""  # what timers set here record as their setter (None: not derived yet)
         self._produced = 0
         self._segment = 0
@@ -258,6 +261,7 @@ class _Invocation:
                segment: int, advanced: int, inputs: tuple[tuple[str, int, int], ...] = (),
                after: bool = False) -> None:
         self._cause, self._setter, self._stream, self._late, self._produced = cause, setter, stream, late, 0
+        self._first_id = None
         self._low_watermark, self._segment, self._advanced = low_watermark, segment, advanced
         self._inputs, self._after = inputs, after
 
@@ -345,7 +349,7 @@ class _Invocation:
             self._check_watermark_key(tag, watermark, wall)
         setter = self._setter
         if setter is None:  # a timer firing sets a timer: its identity, hashed to stay bounded
-            setter = self._setter = timer_setter(self._cause)
+            setter = self._setter = timer_setter(self.cause())
         if hold is None:
             self._timers[tag] = (time, wall, setter, watermark or "")
             if self._holds and tag in self._holds:  # set again without a hold: released
@@ -415,7 +419,10 @@ class _Invocation:
         except CodecError as error:
             raise CodecError(f"stream {stream!r}: {error}") from None
         produced = self._produced
-        record_id = _hex128(f"{self._name}\x1f{self._cause}\x1f{produced}".encode())[:24]
+        text = self._first_id
+        if produced or text is None:
+            text = f"{self._name}\x1f{self.cause()}\x1f{produced}"
+        record_id = _hex128(text.encode())[:24]
         self._produced = produced + 1
         order = self._order
         self._out.append((stream, record.key, value, record.timestamp, record_id, self._segment, order))
@@ -439,6 +446,13 @@ class _Invocation:
         problem = timestamp_problem(record.timestamp)
         if problem is not None:
             raise ComputationError(f"{self._plan.name}: a produced record's timestamp {problem}")
+
+    def cause(self) -> str:
+        """What this invocation's production ids derive from (record_cause or timer_cause)."""
+        cause = self._cause
+        if cause is None:  # a timer firing's: inside its first production id's text
+            cause = self._cause = self._first_id[len(self._name) + 1:-2]  # type: ignore[index]
+        return cause
 
     def clear(self) -> None:
         if self._holds:
@@ -566,6 +580,7 @@ class _KeyStep:
         # What every invocation of this point shares (see _Invocation._begin).
         ctx._low_watermark, ctx._segment, ctx._advanced, ctx._inputs, ctx._after = (
             low_watermark, j, advanced, inputs, False)
+        ctx._first_id = None  # records' ids derive from _cause, set per record
         skip = self.skip_items
         chosen: Sequence[Delivery] = items
         if skip:
@@ -754,6 +769,8 @@ class _KeyStep:
         keyed_at = self.keyed_after[boundary]  # keyed timers fire by these
         wall_time = self.wall_time if wall else BEGINNING_OF_TIME - 1  # no wall-time timer is due
         key, flush_each = self.key, self.flush_each
+        # The text of a firing's first production id, up to the timer's fields (timer_cause()).
+        head = f"{plan.name}\x1ft\x1f{key}\x1f"
         holds = state.holds
         # What every firing shares (_begin, inlined: this is the per-timer hot path); the fields of
         # the input point a firing belongs to are set when the point changes.
@@ -807,8 +824,8 @@ class _KeyStep:
                         at = segments[point].advanced_to
                         ctx._low_watermark, ctx._segment, ctx._advanced, ctx._inputs = (
                             at, point, at, segments[point].inputs)
-                    ctx._cause, ctx._setter, ctx._produced = (
-                        f"t\x1f{key}\x1f{tag}\x1f{time}\x1f{setter}", None, 0)  # timer_cause()
+                    ctx._cause, ctx._setter, ctx._produced = None, None, 0
+                    ctx._first_id = f"{head}{tag}\x1f{time}\x1f{setter}\x1f0"  # see _Invocation.cause()
                     try:
                         process_timer(ctx, _new_tuple(Timer, (time, tag, _WALL if wall_timer else _LOW_WATERMARK,
                                                               timer[3] or None, hold)))
