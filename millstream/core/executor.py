@@ -31,6 +31,7 @@ from __future__ import annotations
 import bisect
 import time
 from dataclasses import dataclass, field, fields
+from functools import partial
 from operator import attrgetter
 from typing import TYPE_CHECKING, AbstractSet, Any, Callable, Iterable, Mapping, NamedTuple, Sequence
 
@@ -48,8 +49,8 @@ from millstream.model.pipeline import DEAD_LETTERS, UNHELD_WATERMARK_KEY, ErrorP
 from millstream.model.records import BEGINNING_OF_TIME, END_OF_TIME, Record, TimeDomain, Timer, timestamp_problem
 from millstream.model.state import StateSpec
 
-__all__ = ["ComputationError", "ComputationFailed", "Delivery", "KeyGroupExecutor", "Produced", "StepMetrics",
-           "StepResult", "inspect_key", "key_or_dead_letter"]
+__all__ = ["ComputationError", "ComputationFailed", "Delivery", "DeliveryRow", "KeyGroupExecutor", "Produced",
+           "StepMetrics", "StepResult", "inspect_key", "key_or_dead_letter"]
 
 # A key's timers that keep re-arming themselves behind the watermark would loop inside one step.
 MAX_TIMER_FIRINGS_PER_STEP = 100_000
@@ -92,6 +93,12 @@ class Delivery(NamedTuple):
     record: Record[Any]
     segment: int  # index of the step's input point it arrived in
     dedup: bool  # True for injected records: the only ones that can arrive twice
+
+
+# A Delivery's fields as a plain tuple, which a step takes as well: what the Spark operator unpacks its
+# bundles to, one per record (a tuple subclass costs several times as much to build and to free).
+DeliveryRow = tuple[str, str, Record[Any], int, bool]
+_as_delivery = partial(tuple.__new__, Delivery)  # a row as a Delivery (failures only)
 
 
 @dataclass(slots=True)
@@ -145,7 +152,7 @@ class _UserFailure(Exception):
         self.error, self.items, self.timer, self.segment = error, items, timer, segment
 
 
-def _positions(items: Sequence[Delivery], first: int, chosen: Sequence[Delivery]) -> tuple[int, ...]:
+def _positions(items: Sequence[DeliveryRow], first: int, chosen: Sequence[DeliveryRow]) -> tuple[int, ...]:
     """The positions in the key's deliveries of those `chosen` among `items` (which start at position
     `first`): found by identity, since two deliveries can be equal. Only for failures: it is linear."""
     wanted = set(map(id, chosen))
@@ -533,7 +540,7 @@ class _KeyStep:
         self.timers_skipped: list[FiringId] = \
             [] if skip_timers or self.on_timer_failure is not None else _NO_TIMERS_MET
 
-    def run(self, items: Sequence[Delivery]) -> None:
+    def run(self, items: Sequence[DeliveryRow]) -> None:
         """The key's deliveries in input order. A delivery is known by its position in `items` (the
         same list in every run of the key's step): what failed, and what a rerun skips."""
         plan, segments = self.plan, self.segments
@@ -545,9 +552,9 @@ class _KeyStep:
             deliver(items, 0, 0)
             position = count
         while position < count:  # the key's records, one input point at a time
-            j = items[position].segment
+            j = items[position][3]  # its segment
             end = position + 1
-            while end < count and items[end].segment == j:
+            while end < count and items[end][3] == j:
                 end += 1
             if j > 0:  # the key's timers made due before this point fire before its records
                 self.fire(segments[j - 1].advanced_to, j - 1)
@@ -566,7 +573,7 @@ class _KeyStep:
             raise _StateFlushFailed(str(error)) from error
         state.end_step()
 
-    def deliver(self, items: Sequence[Delivery], j: int, first: int) -> None:
+    def deliver(self, items: Sequence[DeliveryRow], j: int, first: int) -> None:
         """The key's records of input point j (`items`, from position `first` of the key's) that
         reach user code, one by one to process_record, or (plan.batched) together to
         process_records: those neither skipped (dead-lettered in an earlier run of this step) nor
@@ -582,16 +589,16 @@ class _KeyStep:
             low_watermark, j, advanced, inputs, False)
         ctx._first_id = None  # records' ids derive from _cause, set per record
         skip = self.skip_items
-        chosen: Sequence[Delivery] = items
+        chosen: Sequence[DeliveryRow] = items
         if skip:
             chosen = []
             for position, delivery in enumerate(items, first):
                 if position not in skip:
                     chosen.append(delivery)
-                elif delivery.dedup:  # dead-lettered: that is its outcome, and a copy of it a duplicate
-                    record = delivery.record
+                elif delivery[4]:  # dedup; dead-lettered: that is its outcome, and a copy of it a duplicate
+                    record = delivery[2]
                     seen.setdefault(record.id, advanced if advanced > record.timestamp else record.timestamp)
-        batch: list[Delivery] | None = [] if plan.batched else None
+        batch: list[DeliveryRow] | None = [] if plan.batched else None
         late = duplicates = 0  # counted in this key's run (a failure discards the run's metrics)
         for delivery in chosen:
             _, stream, record, _, dedup = delivery
@@ -634,7 +641,7 @@ class _KeyStep:
             mark = self.seen_before[rid]
         return mark < self.segments[j - 1].advanced_to - self.plan.dedup_horizon_ms
 
-    def deliver_with_checkpoints(self, items: Sequence[Delivery], j: int, first: int) -> None:
+    def deliver_with_checkpoints(self, items: Sequence[DeliveryRow], j: int, first: int) -> None:
         """deliver(), a run of records at a time, with a checkpoint before each run: a record that
         fails is handed to on_failure (which skips it from then on), the key is rolled back to the
         checkpoint, and the records since are delivered again up to the failed one. Runs start at
@@ -663,7 +670,7 @@ class _KeyStep:
                     self.on_failure(failure)  # type: ignore[misc]
                     end = max(failure.items) - first + 1  # replay up to the failed record, now skipped
                     for delivery in items[position:end]:  # code may have changed a value it read in place
-                        delivery.record.decode_again()
+                        delivery[2].decode_again()
                     failed = True
             interval = _next_interval(interval, failed, started, copied, end - position)
             position = end
@@ -697,15 +704,15 @@ class _KeyStep:
         self.firings = checkpoint.firings
         del self.timers_skipped[checkpoint.timers_skipped:]
 
-    def deliver_batch(self, admitted: list[Delivery], items: Sequence[Delivery], j: int, first: int) -> None:
+    def deliver_batch(self, admitted: list[DeliveryRow], items: Sequence[DeliveryRow], j: int, first: int) -> None:
         """process_records: the key's admitted records of input point j in one call (`items`, from
         position `first`, are all the key's records of the point: failures name positions in them)."""
         low_watermark, advanced, inputs = self.segments[j][:3]
-        head = admitted[0]
-        cause = record_cause(head.stream, head.record.id)
-        self.ctx._begin(cause, cause, head.stream, False, low_watermark, j, advanced, inputs)
+        _, stream, head, _, _ = admitted[0]
+        cause = record_cause(stream, head.id)
+        self.ctx._begin(cause, cause, stream, False, low_watermark, j, advanced, inputs)
         try:
-            self.plan.computation.process_records(self.ctx, [delivery.record for delivery in admitted])
+            self.plan.computation.process_records(self.ctx, [delivery[2] for delivery in admitted])
             if self.flush_each:
                 self.state.flush(self.plan.state_specs)
         except Exception as error:
@@ -888,19 +895,19 @@ class KeyGroupExecutor:
         self.keyed_advanced: dict[str, list[int]] = {}  # per watermark key, its advanced value per point
         self.keyed_after: list[dict[str, int]] = []  # per point, Segment.keyed_after()
 
-    def step(self, deliveries: Iterable[Delivery], segments: Sequence[Segment], wall_time: int,
+    def step(self, deliveries: Iterable[DeliveryRow], segments: Sequence[Segment], wall_time: int,
              passthrough: Sequence[Produced] = (), forwarded: Sequence[Produced] = ()) -> StepResult:
         """Run one step: `deliveries` in input order (segment, then position), then due timers.
         `passthrough` are dead letters made before the computation (key extraction, malformed
         input): published with the step's productions and counted as this computation's.
         `forwarded`: another computation's productions published with this step's, counted by
         their maker (a fused weak computation's dead letters)."""
-        by_key: dict[str, list[Delivery]] = {}
+        by_key: dict[str, list[DeliveryRow]] = {}
         for delivery in deliveries:
-            by_key.setdefault(delivery.key, []).append(delivery)
+            by_key.setdefault(delivery[0], []).append(delivery)
         return self.step_keys(by_key, segments, wall_time, passthrough, forwarded)
 
-    def step_keys(self, by_key: Mapping[str, Sequence[Delivery]], segments: Sequence[Segment], wall_time: int,
+    def step_keys(self, by_key: Mapping[str, Sequence[DeliveryRow]], segments: Sequence[Segment], wall_time: int,
                   passthrough: Sequence[Produced] = (), forwarded: Sequence[Produced] = ()) -> StepResult:
         """`step`, with the deliveries already grouped by key (each key's in input order)."""
         if not segments:
@@ -908,7 +915,7 @@ class KeyGroupExecutor:
         with bulk_work():  # a step's many short-lived objects beside the key group's live data (garbage.py)
             return self._step(by_key, segments, wall_time, passthrough, forwarded)
 
-    def _step(self, by_key: Mapping[str, Sequence[Delivery]], segments: Sequence[Segment], wall_time: int,
+    def _step(self, by_key: Mapping[str, Sequence[DeliveryRow]], segments: Sequence[Segment], wall_time: int,
               passthrough: Sequence[Produced], forwarded: Sequence[Produced]) -> StepResult:
         self.advanced = [s.advanced_to for s in segments]
         self.keyed_after = [s.keyed_after() for s in segments]
@@ -943,7 +950,7 @@ class KeyGroupExecutor:
         metrics.state_bytes = sum(len(k) + len(s.blob) for k, s in changes.items() if s is not None) + seen_bytes
         return StepResult(out, self.store.next_wall_time(), metrics, holds)
 
-    def _key_step(self, key: str, items: Sequence[Delivery], blob: bytes | None,
+    def _key_step(self, key: str, items: Sequence[DeliveryRow], blob: bytes | None,
                   segments: Sequence[Segment], wall_time: int, out: list[ProductionRow],
                   metrics: StepMetrics) -> _KeyStep:
         """The key's step; run again without each failing input under the dead_letter policy (runs
@@ -962,7 +969,7 @@ class KeyGroupExecutor:
         flush_each = False
 
         def apply_policy(failure: _UserFailure) -> None:
-            failed: list[Delivery | None] = [items[i] for i in failure.items] or [None]
+            failed: list[Delivery | None] = [_as_delivery(items[i]) for i in failure.items] or [None]
             if self.plan.on_error is ErrorPolicy.FAIL:
                 raise ComputationFailed(self._failure_message(key, failed, failure)) from None
             if failure.timer is not None:
@@ -980,7 +987,7 @@ class KeyGroupExecutor:
             else:
                 apply_policy(failure)
             for delivery in items:  # code may have changed a value it read in place
-                delivery.record.decode_again()
+                delivery[2].decode_again()
             step = _KeyStep(self, key, blob, segments, wall_time, skip_items, skip_timers, flush_each,
                             apply_policy if skip_items or skip_timers else None)
             try:

@@ -20,7 +20,7 @@ from operator import le
 from typing import Any, Mapping, NamedTuple, Sequence
 
 from millstream.core import flatpickle
-from millstream.core.executor import Delivery
+from millstream.core.executor import DeliveryRow
 from millstream.core.production import Produced, ProductionRow, as_produced
 from millstream.model.records import Record
 
@@ -64,29 +64,30 @@ def unpack_deliveries(bundle: bytes) -> DeliveryBundle:
     return DeliveryBundle._make(pickle.loads(bundle))
 
 
-def deliveries_by_key(bundles: Sequence[DeliveryBundle], codecs: Mapping[str, Any]) -> dict[str, list[Delivery]]:
-    """A key group's bundles as the executor's deliveries, per key in input order: (segment, order),
-    ties in the order the bundles came in (Python's sort is stable). `codecs`: each input stream's
-    codec. Records decode their values only when user code reads them.
+def deliveries_by_key(bundles: Sequence[DeliveryBundle], codecs: Mapping[str, Any]) -> dict[str, list[DeliveryRow]]:
+    """A key group's bundles as the executor's deliveries (DeliveryRow: a Delivery's fields as a plain
+    tuple), per key in input order: (segment, order), ties in the order the bundles came in (Python's
+    sort is stable). `codecs`: each input stream's codec. Records decode their values only when user
+    code reads them.
 
     >>> from millstream.model.codecs import DEFAULT_CODEC
     >>> bundles = [unpack_deliveries(pack_deliveries("s", True, [("b", "b", b"2", 20, "i2", 0, 2),
     ...                                                            ("a", "a", b"3", 30, "i3", 1, 0)])),
     ...            unpack_deliveries(pack_deliveries("s", True, [("a", "a", b"1", 10, "i1", 0, 1)]))]
-    >>> {key: [d.record.value for d in group] for key, group in deliveries_by_key(bundles, {"s": DEFAULT_CODEC}).items()}
+    >>> {key: [record.value for _, _, record, _, _ in group]
+    ...  for key, group in deliveries_by_key(bundles, {"s": DEFAULT_CODEC}).items()}
     {'a': [1, 3], 'b': [2]}
     """
-    new, encoded = tuple.__new__, Record.encoded
-    deliveries: list[Delivery] = []
+    encoded = Record.encoded
+    deliveries: list[DeliveryRow] = []
     for bundle in bundles:  # built bundle by bundle, in C loops where they can be (a bundle's stream is one)
         records = map(encoded, bundle.record_keys or bundle.keys, bundle.values, repeat(codecs[bundle.stream]),
                       bundle.timestamps, bundle.ids)
-        deliveries.extend(map(new, repeat(Delivery), zip(bundle.keys, repeat(bundle.stream), records, bundle.segments,
-                                                         repeat(bundle.dedup))))
+        deliveries.extend(zip(bundle.keys, repeat(bundle.stream), records, bundle.segments, repeat(bundle.dedup)))
     order = _input_order(bundles)
     if order is not None:
         deliveries = list(map(deliveries.__getitem__, order))
-    by_key: dict[str, list[Delivery]] = {}
+    by_key: dict[str, list[DeliveryRow]] = {}
     for delivery in deliveries:
         key = delivery[0]
         group = by_key.get(key)
