@@ -417,14 +417,12 @@ class _Invocation:
         if codec is None or type(record) is not Record or type(record.key) is not str or \
                 type(record.timestamp) is not int or not BEGINNING_OF_TIME <= record.timestamp <= END_OF_TIME:
             self._bad_production(record, stream)  # raises, unless record is of a subclass of Record
-            codec = self._codecs[stream]
-        try:  # a Record made by user code holds its value (inlined: the common case)
-            if record._codec is None and type(record) is Record:
-                value = codec.encode(record._value)
-            else:
-                value = record.encoded_value(codec)
-        except CodecError as error:
-            raise CodecError(f"stream {stream!r}: {error}") from None
+            value = self._encoded(record, stream, self._codecs[stream])
+        else:
+            try:  # a Record made by user code holds its value (inlined: the common case)
+                value = codec.encode(record._value) if record._codec is None else record.encoded_value(codec)
+            except CodecError as error:
+                raise CodecError(f"stream {stream!r}: {error}") from None
         produced = self._produced
         text = self._first_id
         if produced or text is None:
@@ -434,6 +432,14 @@ class _Invocation:
         order = self._order
         self._out.append((stream, record.key, value, record.timestamp, record_id, self._segment, order))
         self._order = order + 1
+
+    @staticmethod
+    def _encoded(record: Record[Any], stream: str, codec: Any) -> bytes:
+        """A production's value under its stream's codec, off the common path (a subclass of Record, say)."""
+        try:
+            return record.encoded_value(codec)
+        except CodecError as error:
+            raise CodecError(f"stream {stream!r}: {error}") from None
 
     def _bad_production(self, record: Any, stream: str) -> None:
         if isinstance(stream, Record) and isinstance(record, str):
