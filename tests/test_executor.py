@@ -487,6 +487,32 @@ def test_production_ids_follow_documented_derivation():
     assert derive_record_id("emit", "r", "in", "cause-1", 0) != derive_record_id("other", "r", "in", "cause-1", 0)
 
 
+@pytest.mark.parametrize("kept", [1, 2, 4096])
+def test_timer_production_ids_do_not_depend_on_the_time_texts_a_step_keeps(monkeypatch, kept):
+    """Firings format their timer's time once per step and time (_KeyStep.time_text), forgetting them
+    past executor.TIME_TEXTS: the ids are timer_cause()'s however many are kept."""
+    from millstream.core import executor as executor_module
+
+    class Windows(Computation):
+        def process_record(self, ctx, record):
+            ctx.set_timer(f"w{record.timestamp // 10}", record.timestamp // 10 * 10 + 10)
+
+        def process_timer(self, ctx, timer):
+            ctx.produce(Record(ctx.key, timer.tag, timer.time), "out")
+            ctx.produce(Record(ctx.key, timer.tag, timer.time), "out")
+
+    monkeypatch.setattr(executor_module, "TIME_TEXTS", kept)
+    ex = make_executor(Windows(), name="win")
+    deliveries = [deliver(f"k{i % 7}", i, ts=i * 3) for i in range(60)]
+    step(ex, deliveries, 0, 0)
+    produced = step(ex, [], 1_000, 0).productions
+    setters = {(f"k{i % 7}", i * 3 // 10 * 10 + 10): f"id-k{i % 7}-{i}-{i * 3}" for i in range(60)}  # the last sets
+    assert len(produced) == 2 * len(setters)
+    for n, p in enumerate(produced):
+        tag, setter = f"w{p.timestamp // 10 - 1}", setters[p.key, p.timestamp]
+        assert p.id == derive_record_id("win", "t", p.key, tag, p.timestamp, "r", "in", setter, n % 2)
+
+
 class TimerChain(Computation):
     """A record sets timer "first"; "first" sets "second" 5 ms later; "second" produces twice."""
 

@@ -73,6 +73,7 @@ _NO_SKIPPED_TIMERS: frozenset[FiringId] = frozenset()
 _NO_TIMERS_MET: list[FiringId] = []  # shared and never added to (nothing is skipped)
 # A key's hold changes until its first (most keys hold nothing): shared, replaced rather than added to.
 _NO_HOLD_CHANGES: list[tuple[int, int | None]] = []
+TIME_TEXTS = 4096  # at most this many timer times' texts kept (_KeyStep.time_text)
 _NO_SPEC = object()  # no state asked for yet (None is a mistake user code can make: it must reach the check)
 
 
@@ -538,6 +539,7 @@ class _KeyStep:
         self.ctx = _Invocation(self.plan, self.state, key, wall_time, self.out, segments)
         self.keyed_advanced = executor.keyed_advanced
         self.keyed_after = executor.keyed_after
+        self.time_texts = executor.time_texts
         self.firings = 0
         self.timers_before = len(self.state.timers)
         self.hold_before = self.state.hold() if self.state.holds else None
@@ -784,6 +786,7 @@ class _KeyStep:
         key, flush_each = self.key, self.flush_each
         # The text of a firing's first production id, up to the timer's fields (timer_cause()).
         head = f"{plan.name}\x1ft\x1f{key}\x1f"
+        time_texts = self.time_texts
         holds = state.holds
         # What every firing shares (_begin, inlined: this is the per-timer hot path); the fields of
         # the input point a firing belongs to are set when the point changes.
@@ -838,7 +841,10 @@ class _KeyStep:
                         ctx._low_watermark, ctx._segment, ctx._advanced, ctx._inputs = (
                             at, point, at, segments[point].inputs)
                     ctx._cause, ctx._setter, ctx._produced = None, None, 0
-                    ctx._first_id = f"{head}{tag}\x1f{time}\x1f{setter}\x1f0"  # see _Invocation.cause()
+                    text = time_texts.get(time)
+                    if text is None:
+                        text = self.time_text(time)
+                    ctx._first_id = f"{head}{tag}\x1f{text}\x1f{setter}\x1f0"  # see _Invocation.cause()
                     try:
                         process_timer(ctx, _new_tuple(Timer, (time, tag, _WALL if wall_timer else _LOW_WATERMARK,
                                                               timer[3] or None, hold)))
@@ -853,6 +859,15 @@ class _KeyStep:
         finally:
             self.metrics.timers_fired += fired - self.firings - skipped
             self.firings = fired
+
+    def time_text(self, time: int) -> str:
+        """A timer time's decimal text, kept for the firings of other keys at the same time (windows'
+        timers are, and formatting an int costs more than finding it)."""
+        texts = self.time_texts
+        if len(texts) >= TIME_TEXTS:
+            texts.clear()
+        text = texts[time] = str(time)
+        return text
 
     def point_of(self, tag: str, timer: tuple[int, bool, str, str], boundary: int) -> int:
         """The input point a due timer (KeyState.timers' fields) fires at, when the step has several."""
@@ -900,6 +915,7 @@ class KeyGroupExecutor:
         self.advanced: list[int] = []
         self.keyed_advanced: dict[str, list[int]] = {}  # per watermark key, its advanced value per point
         self.keyed_after: list[dict[str, int]] = []  # per point, Segment.keyed_after()
+        self.time_texts: dict[int, str] = {}  # timer times' decimal texts (_KeyStep.time_text)
 
     def step(self, deliveries: Iterable[DeliveryRow], segments: Sequence[Segment], wall_time: int,
              passthrough: Sequence[Produced] = (), forwarded: Sequence[Produced] = ()) -> StepResult:
