@@ -417,7 +417,7 @@ class _Invocation:
         codec = self._codecs.get(stream)
         if codec is None or type(record) is not Record or type(record.key) is not str or \
                 type(record.timestamp) is not int or not BEGINNING_OF_TIME <= record.timestamp <= END_OF_TIME:
-            self._bad_production(record, stream)  # raises, unless record is of a subclass of Record
+            self._bad_production(record, stream)  # raises, unless only types are subclasses (of Record, say)
             value = self._encoded(record, stream, self._codecs[stream])
         else:
             try:  # a Record made by user code holds its value (inlined: the common case)
