@@ -19,6 +19,9 @@ END_OF_TIME: int = 2**47 - 1
 
 V = TypeVar("V")
 _UNDECODED: Any = object()
+# Record.encoded's allocation, looked up once: through the class it costs more, per delivered record.
+# (A subclass's own __new__ would not run: the runners make plain Records.)
+_new_object = object.__new__
 _ATOMS = frozenset((int, float, str, bool, bytes, type(None)))  # values nothing can change in place
 
 
@@ -85,7 +88,7 @@ class Record(Generic[V]):
     @classmethod
     def encoded(cls, key: str, data: bytes, codec: Any, timestamp: int, id: str) -> "Record[Any]":
         """A record whose value is decoded with `codec` on first access (used by the runners)."""
-        record: Record[Any] = cls.__new__(cls)
+        record: Record[Any] = _new_object(cls)
         record.key = key
         record._value = _UNDECODED
         record._encoded = data
