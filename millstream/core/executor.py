@@ -576,7 +576,7 @@ class _KeyStep:
         if state.written:
             state.expire(segments[last].advanced_to, plan.ttls)
         try:
-            state.flush(plan.state_specs)
+            state.flush(plan.state_specs, last=True)
         except CodecError as error:
             raise _StateFlushFailed(str(error)) from error
         state.end_step()

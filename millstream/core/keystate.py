@@ -268,9 +268,10 @@ class KeyState:
         if cell is not None:
             cell.clear()
 
-    def flush(self, specs: dict[str, StateSpec]) -> None:
+    def flush(self, specs: dict[str, StateSpec], last: bool = False) -> None:
         """Encode every cell of this step (user code may have mutated values in place). Empty lists
-        and maps, None values and cleared states are not stored at all. Cells stay valid.
+        and maps, None values and cleared states are not stored at all. Cells stay valid, unless
+        `last`: the step's last flush, after which its cells are forgotten (end_step) unread.
 
         In the order the states are declared, not the order the step first used them: what a step
         stores then does not depend on which of its invocations ran (a rollback to a checkpoint keeps
@@ -284,7 +285,7 @@ class KeyState:
         for name in names:
             cell = live[name]
             try:
-                encoded = cell.encode()
+                encoded = cell.encode(last)
             except CodecError as error:
                 raise self._first_refused(specs, name, error) from None
             if encoded is None:
@@ -462,7 +463,7 @@ class ValueCell:
     def clear(self) -> None:
         self.value, self.origin, self.deleted = _ABSENT, "absent", True
 
-    def encode(self) -> Any:
+    def encode(self, last: bool = False) -> Any:
         """bytes to store, None to delete, _ABSENT to leave as stored."""
         origin, value = self.origin, self.value
         unchanged = None if self.deleted else _ABSENT
@@ -507,7 +508,7 @@ class ListCell:
     def clear(self) -> None:
         self.items = []
 
-    def encode(self) -> Any:
+    def encode(self, last: bool = False) -> Any:
         codec = self.spec.codec
         return [codec.encode(v) for v in self.items] or None
 
@@ -867,13 +868,15 @@ class MapCell:
     def __len__(self) -> int:
         return sum(1 for v in self._all().values() if v is not _REMOVED)
 
-    def encode(self) -> Any:
+    def encode(self, last: bool = False) -> Any:
+        """The entries as stored after the step so far (None: none left; _ABSENT: no change). Unless
+        `last` (the cell is not used again), the cell stays valid: removal markers leave `live`."""
         if not self.live:
             return _ABSENT
         stored = self.stored  # owned by the KeyState; a failed step reloads the key from its blob
         value_codec, encode_key, known, kept = self.spec.value_codec, self._encode_key, self.encoded, self.kept
         index = self.index
-        removed = []
+        removed: list[Any] | None = None if last else []
         moved = self.moved
         try:
             for form, value in self.live.items():
@@ -889,7 +892,8 @@ class MapCell:
                         stored.pop(encoded, None)
                     stored[encoded] = value_codec.encode(value)
                     continue
-                removed.append(form)
+                if removed is not None:
+                    removed.append(form)
                 # Else nothing to remove: no entry stored, or none under the key (index), so the
                 # entry was put and removed within the step; or a key the codec refuses.
                 if not stored:
@@ -905,6 +909,8 @@ class MapCell:
         finally:  # the stored entries changed, even if a value was refused part way
             self.index = None
             self.unindexed_lookups = self._lookups_before_index()
+        if removed is None:
+            return stored or None
         for form in removed:
             del self.live[form]
         moved.clear()
