@@ -513,6 +513,11 @@ def _next_interval(interval: int, failed: bool, started: float, copied: float, d
 class _KeyStep:
     """One key through one step (see the module doc). Raises _UserFailure when user code fails."""
 
+    __slots__ = ("plan", "key", "state", "segments", "advanced", "wall_time", "out", "metrics", "skip_items",
+                 "skip_timers", "flush_each", "on_failure", "on_timer_failure", "seen", "seen_before", "ctx",
+                 "keyed_advanced", "keyed_after", "time_texts", "firings", "timers_before", "hold_before",
+                 "timers_skipped")
+
     def __init__(self, executor: "KeyGroupExecutor", key: str, blob: bytes | None, segments: Sequence[Segment],
                  wall_time: int, skip_items: AbstractSet[int], skip_timers: AbstractSet[FiringId],
                  flush_each: bool, on_failure: Callable[[_UserFailure], None] | None = None) -> None:
@@ -883,10 +888,10 @@ class _KeyStep:
 
     def stored(self) -> StoredKey | None:
         state = self.state
-        if state.is_empty():
+        if not (state.values or state.timers):  # state.is_empty(), inlined: once per key and step
             return None
         lw, wall, keyed = state.wake_times(self.plan.ttls)
-        return StoredKey(state.dumps(), lw, wall, tuple(sorted(keyed.items())),
+        return StoredKey(state.dumps(), lw, wall, tuple(sorted(keyed.items())) if keyed else (),
                          state.hold() if state.holds else None)
 
     def holds_by_point(self) -> list[int | None] | None:
@@ -953,17 +958,20 @@ class KeyGroupExecutor:
         seen: dict[str, dict[str, int]] = {}
         seen_bytes = 0  # of the new dedup ids: key, id and an 8-byte mark each
         holds: list[int | None] | None = None
+        key_step, items_of, blob_of, add_metrics = self._key_step, by_key.get, blobs.get, metrics.add
         for key in keys:
-            step = self._key_step(key, by_key.get(key, ()), blobs.get(key), segments, wall_time, out, metrics)
+            step = key_step(key, items_of(key, ()), blob_of(key), segments, wall_time, out, metrics)
             changes[key] = step.stored()
             if step.hold_before is not None or step.ctx.hold_changes:
                 holds = earliest_holds(holds, step.holds_by_point())
-            step.metrics.pending_timers = len(step.state.timers) - step.timers_before
-            if step.seen:
-                ids = seen[key] = step.seen
+            step_metrics = step.metrics
+            step_metrics.pending_timers = len(step.state.timers) - step.timers_before
+            ids = step.seen
+            if ids:
+                seen[key] = ids
                 seen_bytes += len(ids) * (len(key) + 8) + sum(map(len, ids))
             out.extend(step.out)
-            metrics.add(step.metrics)
+            add_metrics(step_metrics)
         untouched = self.store.min_hold(changes)  # the keys the step did not run hold as before
         if untouched is not None:
             holds = earliest_holds(holds, [untouched] * len(segments))
