@@ -78,11 +78,11 @@ def deliveries_by_key(bundles: Sequence[DeliveryBundle], codecs: Mapping[str, An
     ...  for key, group in deliveries_by_key(bundles, {"s": DEFAULT_CODEC}).items()}
     {'a': [1, 3], 'b': [2]}
     """
-    encoded = Record.encoded
+    encoded_many = Record.encoded_many
     deliveries: list[DeliveryRow] = []
     for bundle in bundles:  # built bundle by bundle, in C loops where they can be (a bundle's stream is one)
-        records = map(encoded, bundle.record_keys or bundle.keys, bundle.values, repeat(codecs[bundle.stream]),
-                      bundle.timestamps, bundle.ids)
+        records = encoded_many(bundle.record_keys or bundle.keys, bundle.values, codecs[bundle.stream],
+                               bundle.timestamps, bundle.ids)
         deliveries.extend(zip(bundle.keys, repeat(bundle.stream), records, bundle.segments, repeat(bundle.dedup)))
     order = _input_order(bundles)
     if order is not None:
