@@ -104,7 +104,7 @@ def _input_order(bundles: Sequence[DeliveryBundle]) -> list[int] | None:
     orders = list(chain.from_iterable(bundle.orders for bundle in bundles))
     segments = list(chain.from_iterable(bundle.segments for bundle in bundles))
     rank: list[Any] = orders  # one input point: its order alone
-    if min(segments, default=0) != max(segments, default=0):
+    if segments and segments.count(segments[0]) != len(segments):  # (count: no ordering comparisons)
         rank = list(zip(segments, orders))
     if all(map(le, rank, islice(rank, 1, None))):
         return None
