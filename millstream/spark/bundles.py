@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pickle
 from itertools import chain, islice, repeat
-from operator import le
+from operator import itemgetter, le
 from typing import Any, Mapping, NamedTuple, Sequence
 
 from millstream.core import flatpickle
@@ -25,6 +25,8 @@ from millstream.core.production import Produced, ProductionRow, as_produced
 from millstream.model.records import Record
 
 BUNDLE_RECORDS = 4096
+CACHED_POSITIONS = 1 << 16  # _positions keeps at most this many ints
+_POSITIONS: list[int] = []
 
 # What a feed hands the bundler per record, in the order read: (key under the computation's
 # extractor, the record's own key, encoded value, timestamp, id, input point, order). The stream
@@ -85,10 +87,11 @@ def deliveries_by_key(bundles: Sequence[DeliveryBundle], codecs: Mapping[str, An
                                bundle.timestamps, bundle.ids)
         deliveries.extend(zip(bundle.keys, repeat(bundle.stream), records, bundle.segments, repeat(bundle.dedup)))
     order = _input_order(bundles)
-    if order is not None:
-        deliveries = list(map(deliveries.__getitem__, order))
+    ordered: Sequence[DeliveryRow] = deliveries
+    if order is not None:  # permuted in one C call (order has two positions or more: it gives a tuple)
+        ordered = itemgetter(*order)(deliveries)
     by_key: dict[str, list[DeliveryRow]] = {}
-    for delivery in deliveries:
+    for delivery in ordered:
         key = delivery[0]
         group = by_key.get(key)
         if group is None:
@@ -108,7 +111,21 @@ def _input_order(bundles: Sequence[DeliveryBundle]) -> list[int] | None:
         rank = list(zip(segments, orders))
     if all(map(le, rank, islice(rank, 1, None))):
         return None
-    return sorted(range(len(rank)), key=rank.__getitem__)
+    positions = _positions(len(rank))
+    positions.sort(key=rank.__getitem__)
+    return positions
+
+
+def _positions(count: int) -> list[int]:
+    """[0, 1, ..., count - 1], up to CACHED_POSITIONS of them from ints made once per process (an int
+    past 256 is an object of its own, made and freed per position otherwise)."""
+    global _POSITIONS
+    if count > CACHED_POSITIONS:
+        return list(range(count))
+    positions = _POSITIONS  # read once: another thread may replace it meanwhile, never change it
+    if len(positions) < count:
+        positions = _POSITIONS = list(range(count))
+    return positions[:count]
 
 
 def pack(items: Sequence[Any]) -> bytes:
