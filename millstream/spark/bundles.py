@@ -52,18 +52,35 @@ class DeliveryBundle(NamedTuple):
 
 
 def pack_deliveries(stream: str, dedup: bool, items: Sequence[FeedItem]) -> bytes:
-    """A feed's records of one key group as one bundle (a DeliveryBundle, pickled as a plain tuple).
+    """A feed's records of one key group as one bundle: a DeliveryBundle's fields pickled as a plain
+    tuple, but for the keys. A key group's records share few keys: each distinct key is sent once, and
+    each record's key as its place among them (bytes while they are at most 256), so the receiver
+    decodes and hashes a key once, not once per record. Keys of a subclass of str go as they are.
 
-    >>> unpack_deliveries(pack_deliveries("s", True, [("a", "a", b"1", 10, "i1", 0, 0)])).ids
-    ('i1',)
+    >>> bundle = unpack_deliveries(pack_deliveries("s", True, [("a", "a", b"1", 10, "i1", 0, 0),
+    ...                                                        ("b", "b", b"2", 20, "i2", 0, 1),
+    ...                                                        ("a", "a", b"3", 30, "i3", 0, 2)]))
+    >>> bundle.keys, bundle.record_keys, bundle.ids
+    (('a', 'b', 'a'), None, ('i1', 'i2', 'i3'))
     """
     keys, record_keys, values, timestamps, ids, segments, orders = zip(*items)
-    return flatpickle.dumps((stream, dedup, keys, None if record_keys == keys else record_keys, values,
+    distinct: tuple[str, ...] = keys
+    places: bytes | tuple[int, ...] | None = None
+    if set(map(type, keys)) == {str}:
+        distinct = tuple(dict.fromkeys(keys))
+        place = dict(zip(distinct, range(len(distinct))))
+        places = tuple(map(place.__getitem__, keys))
+        if len(distinct) <= 256:
+            places = bytes(places)
+    return flatpickle.dumps((stream, dedup, distinct, places, None if record_keys == keys else record_keys, values,
                              timestamps, ids, segments, orders))
 
 
 def unpack_deliveries(bundle: bytes) -> DeliveryBundle:
-    return DeliveryBundle._make(pickle.loads(bundle))
+    stream, dedup, keys, places, *columns = pickle.loads(bundle)
+    if places is not None:  # keys by their places among the distinct keys (pack_deliveries)
+        keys = (keys[places[0]],) if len(places) == 1 else itemgetter(*places)(keys)
+    return DeliveryBundle(stream, dedup, keys, *columns)
 
 
 def deliveries_by_key(bundles: Sequence[DeliveryBundle], codecs: Mapping[str, Any]) -> dict[str, list[DeliveryRow]]:
