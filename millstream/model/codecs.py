@@ -56,11 +56,17 @@ _JSON_DECODER = json.JSONDecoder()
 BIG_INTEGER = re.compile(rb"-\d{19}|\d{20}")
 
 
+# Two empty parts: joined with orjson's bytes as the separator, they copy those bytes (see _orjson).
+_TWO_EMPTY = (b"", b"")
+
+
 def _orjson(value: Any, option: int = 0) -> bytes:
     """orjson's bytes, copied to an object of their own size: the object orjson returns keeps its whole
     output buffer (a kilobyte or more) for as long as it lives, and encoded values live on in
     productions and state until the step ends."""
-    return b"".join((orjson.dumps(value, option=option), b""))  # joining two parts copies: cheaper than a memoryview
+    # Joining copies (cheaper than a memoryview); the bytes as the separator of two constant empty
+    # parts spare building a tuple per call.
+    return orjson.dumps(value, option=option).join(_TWO_EMPTY)
 
 
 def _stdlib_json(value: Any) -> bytes:
@@ -132,14 +138,16 @@ class JsonCodec:
             except orjson.JSONEncodeError:
                 return _stdlib_json(value)
         if kind is dict:  # the common flat record: str keys, scalar values (what _json_problem allows)
-            for key, item in value.items():
-                if type(key) is not str or type(item) not in _JSON_SCALARS:
+            for item in value.values():
+                if type(item) not in _JSON_SCALARS:
                     break
             else:
+                # orjson itself refuses keys that are not exactly str (subclasses too): those, like what
+                # orjson cannot write (big integers, surrogates), take the general path below.
                 try:  # _orjson(value, _ORJSON_OPTIONS), inlined: most productions come this way
-                    return b"".join((orjson.dumps(value, option=_ORJSON_OPTIONS), b""))
+                    return orjson.dumps(value, option=_ORJSON_OPTIONS).join(_TWO_EMPTY)
                 except orjson.JSONEncodeError:
-                    return _stdlib_json(value)
+                    pass
         problem = _json_problem(value)
         if problem is not None:
             raise CodecError(
