@@ -513,6 +513,36 @@ def test_timer_production_ids_do_not_depend_on_the_time_texts_a_step_keeps(monke
         assert p.id == derive_record_id("win", "t", p.key, tag, p.timestamp, "r", "in", setter, n % 2)
 
 
+@pytest.mark.parametrize("kept", [1, 4096])
+def test_timers_of_one_tag_fire_with_their_own_fields_across_keys(monkeypatch, kept):
+    """Firings of plain timers share the Timer of their tag and time (_KeyStep.fire_timers), forgetting
+    them past executor.TIMER_OBJECTS: a tag fired at other times, as a wall-time timer or with a hold by
+    other keys still gives each firing its own time, domain and hold."""
+    from millstream.core import executor as executor_module
+
+    monkeypatch.setattr(executor_module, "TIMER_OBJECTS", kept)
+
+    class OneTag(Computation):
+        def process_record(self, ctx, record):
+            kind = record.value
+            if kind == "wall":
+                ctx.set_timer("t", record.timestamp, TimeDomain.WALL_TIME)
+            else:
+                ctx.set_timer("t", record.timestamp, hold=record.timestamp if kind == "held" else None)
+
+        def process_timer(self, ctx, timer):
+            ctx.produce(Record(ctx.key, [timer.time, timer.tag, timer.domain.value, timer.hold], timer.time), "out")
+
+    ex = make_executor(OneTag())
+    kinds = ["plain", "held", "wall", "plain", "plain"]
+    deliveries = [deliver(f"k{i}", kinds[i % 5], ts=10 + i % 3) for i in range(15)]
+    produced = step(ex, deliveries, 0, 100, advanced_watermark=100).productions
+    expected = {(f"k{i}", 10 + i % 3, "t", "wall_time" if kinds[i % 5] == "wall" else "low_watermark",
+                 10 + i % 3 if kinds[i % 5] == "held" else None) for i in range(15)}
+    assert len(produced) == 15
+    assert {(p.key, *JsonCodec().decode(p.value)) for p in produced} == expected
+
+
 class TimerChain(Computation):
     """A record sets timer "first"; "first" sets "second" 5 ms later; "second" produces twice."""
 

@@ -74,6 +74,9 @@ _NO_TIMERS_MET: list[FiringId] = []  # shared and never added to (nothing is ski
 # A key's hold changes until its first (most keys hold nothing): shared, replaced rather than added to.
 _NO_HOLD_CHANGES: list[tuple[int, int | None]] = []
 TIME_TEXTS = 4096  # at most this many timer times' texts kept (_KeyStep.time_text)
+# At most this many Timers kept (by tag, for other keys' firings: _KeyStep.fire_timers) when a key's
+# timers start to fire.
+TIMER_OBJECTS = 4096
 _NO_SPEC = object()  # no state asked for yet (None is a mistake user code can make: it must reach the check)
 
 
@@ -515,8 +518,8 @@ class _KeyStep:
 
     __slots__ = ("plan", "key", "state", "segments", "advanced", "wall_time", "out", "metrics", "skip_items",
                  "skip_timers", "flush_each", "on_failure", "on_timer_failure", "seen", "seen_before", "ctx",
-                 "keyed_advanced", "keyed_after", "time_texts", "firings", "timers_before", "hold_before",
-                 "timers_skipped")
+                 "keyed_advanced", "keyed_after", "time_texts", "timer_objects", "firings", "timers_before",
+                 "hold_before", "timers_skipped")
 
     def __init__(self, executor: "KeyGroupExecutor", key: str, blob: bytes | None, segments: Sequence[Segment],
                  wall_time: int, skip_items: AbstractSet[int], skip_timers: AbstractSet[FiringId],
@@ -545,6 +548,7 @@ class _KeyStep:
         self.keyed_advanced = executor.keyed_advanced
         self.keyed_after = executor.keyed_after
         self.time_texts = executor.time_texts
+        self.timer_objects = executor.timer_objects
         self.firings = 0
         self.timers_before = len(self.state.timers)
         self.hold_before = self.state.hold() if self.state.holds else None
@@ -791,7 +795,9 @@ class _KeyStep:
         key, flush_each = self.key, self.flush_each
         # The text of a firing's first production id, up to the timer's fields (timer_cause()).
         head = f"{plan.name}\x1ft\x1f{key}\x1f"
-        time_texts = self.time_texts
+        time_texts, timer_objects = self.time_texts, self.timer_objects
+        if len(timer_objects) >= TIMER_OBJECTS:
+            timer_objects.clear()
         holds = state.holds
         # What every firing shares (_begin, inlined: this is the per-timer hot path); the fields of
         # the input point a firing belongs to are set when the point changes.
@@ -850,9 +856,18 @@ class _KeyStep:
                     if text is None:
                         text = self.time_text(time)
                     ctx._first_id = f"{head}{tag}\x1f{text}\x1f{setter}\x1f0"  # see _Invocation.cause()
+                    if wall_timer or timer[3] or hold is not None:
+                        timer_object = _new_tuple(Timer, (time, tag, _WALL if wall_timer else _LOW_WATERMARK,
+                                                          timer[3] or None, hold))
+                    else:  # a plain low-watermark timer: its Timer is kept by tag for the firings of other keys
+                        # (windows' timers share tag and time; a Timer is immutable, and building one costs
+                        # more than finding it). Built here when not found: a tag's time may differ per key.
+                        kept = timer_objects.get(tag)
+                        if kept is None or kept[0] != time:
+                            kept = timer_objects[tag] = _new_tuple(Timer, (time, tag, _LOW_WATERMARK, None, None))
+                        timer_object = kept
                     try:
-                        process_timer(ctx, _new_tuple(Timer, (time, tag, _WALL if wall_timer else _LOW_WATERMARK,
-                                                              timer[3] or None, hold)))
+                        process_timer(ctx, timer_object)
                         if flush_each:
                             state.flush(plan.state_specs)
                     except Exception as error:
@@ -921,6 +936,7 @@ class KeyGroupExecutor:
         self.keyed_advanced: dict[str, list[int]] = {}  # per watermark key, its advanced value per point
         self.keyed_after: list[dict[str, int]] = []  # per point, Segment.keyed_after()
         self.time_texts: dict[int, str] = {}  # timer times' decimal texts (_KeyStep.time_text)
+        self.timer_objects: dict[str, Timer] = {}  # plain low-watermark Timers by tag (_KeyStep.fire_timers)
 
     def step(self, deliveries: Iterable[DeliveryRow], segments: Sequence[Segment], wall_time: int,
              passthrough: Sequence[Produced] = (), forwarded: Sequence[Produced] = ()) -> StepResult:
