@@ -139,7 +139,9 @@ class JsonCodec:
                 return _stdlib_json(value)
         if kind is dict:  # the common flat record: str keys, scalar values (what _json_problem allows)
             for item in value.values():
-                if type(item) not in _JSON_SCALARS:
+                item_kind = type(item)
+                # int and str, the common values, before the set: comparing is cheaper than hashing
+                if item_kind is not int and item_kind is not str and item_kind not in _JSON_SCALARS:
                     break
             else:
                 # orjson itself refuses keys that are not exactly str (subclasses too): those, like what
