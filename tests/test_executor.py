@@ -1303,6 +1303,8 @@ class ContextMisuse(Computation):
 
 @pytest.mark.parametrize("action, arg, message", [
     ("produce_at", 2**63, r"produced record's timestamp is 9223372036854775808, outside \[-140737488355328, "),
+    ("produce_at", END_OF_TIME + 1, r"produced record's timestamp is 140737488355328, outside \[-140737488355328, "),
+    ("produce_at", BEGINNING_OF_TIME - 1, r"produced record's timestamp is -140737488355329, outside "),
     ("produce_at", "5", r"produced record's timestamp is a str \('5'\); timestamps are int milliseconds"),
     ("produce_at", True, r"produced record's timestamp is a bool \(True\)"),
     ("list_set", "abc", r"list state 'items': set\(\) takes a list of items, got str 'abc'"),
@@ -1315,6 +1317,13 @@ def test_misuse_of_the_context_is_named_clearly(action, arg, message):
     ex = make_executor(ContextMisuse())
     with pytest.raises(ComputationFailed, match=message):
         step(ex, [deliver("k", [action, arg], 1, "r1")], 10, 0)
+
+
+def test_productions_may_be_stamped_at_either_end_of_time():
+    ex = make_executor(ContextMisuse())
+    result = step(ex, [deliver("k", ["produce_at", BEGINNING_OF_TIME], 1, "r1"),
+                       deliver("k", ["produce_at", END_OF_TIME], 2, "r2")], 10, 0)
+    assert [p.timestamp for p in result.productions] == [BEGINNING_OF_TIME, END_OF_TIME]
 
 
 class Keeper(Computation):

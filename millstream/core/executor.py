@@ -64,6 +64,9 @@ CHECKPOINT_COPY_SHARE: float | None = 0.25
 _WALL, _LOW_WATERMARK = TimeDomain.WALL_TIME, TimeDomain.LOW_WATERMARK
 _new_tuple = tuple.__new__  # a NamedTuple without its Python-level __new__
 _hex128 = xxhash.xxh3_128_hexdigest
+# A production id: the first 24 hex digits of the xxh3_128 of its text (derive_record_id). The slice is
+# built once: `[:24]` builds one per production.
+_ID_DIGITS = slice(24)
 _NO_SKIPPED_ITEMS: frozenset[int] = frozenset()  # a key's first run of a step skips nothing
 # A timer firing within a key's step, as failures name it and reruns skip it: (tag, time, setter,
 # the input point it fires at). The point tells apart two firings of one timer set twice by the same
@@ -418,8 +421,10 @@ class _Invocation:
 
     def produce(self, record: Record[Any], stream: str) -> None:
         codec = self._codecs.get(stream)
+        # A timestamp of at most 47 bits is in [BEGINNING_OF_TIME, END_OF_TIME] (BEGINNING_OF_TIME itself,
+        # 48 bits, passes _bad_production): one call costs less than comparing twice with large ints.
         if codec is None or type(record) is not Record or type(record.key) is not str or \
-                type(record.timestamp) is not int or not BEGINNING_OF_TIME <= record.timestamp <= END_OF_TIME:
+                type(record.timestamp) is not int or record.timestamp.bit_length() > 47:
             self._bad_production(record, stream)  # raises, unless only types are subclasses (of Record, say)
             value = self._encoded(record, stream, self._codecs[stream])
         else:
@@ -431,7 +436,7 @@ class _Invocation:
         text = self._first_id
         if produced or text is None:
             text = f"{self._name}\x1f{self.cause()}\x1f{produced}"
-        record_id = _hex128(text.encode())[:24]
+        record_id = _hex128(text.encode())[_ID_DIGITS]
         self._produced = produced + 1
         order = self._order
         self._out.append((stream, record.key, value, record.timestamp, record_id, self._segment, order))
