@@ -664,6 +664,22 @@ def test_context_misuse_raises_a_clear_computation_error(action, message):
         step(ex, [deliver("k", 1)], 0, 0)
 
 
+def test_timers_may_be_set_at_either_end_of_time():
+    class BothEnds(Computation):
+        def process_record(self, ctx, record):
+            ctx.set_timer("first", BEGINNING_OF_TIME)  # due at once
+            ctx.set_timer("last", END_OF_TIME, hold=BEGINNING_OF_TIME)
+
+        def process_timer(self, ctx, timer):
+            ctx.produce(Record(ctx.key, timer.tag, timer.time), "out")
+
+    ex = make_executor(BothEnds())
+    result = step(ex, [deliver("k", 1)], 0, 0)
+    assert [(p.value, p.timestamp) for p in result.productions] == [(b'"first"', BEGINNING_OF_TIME)]
+    assert [(t.tag, t.time, t.hold) for t in inspect_key(ex.plan, ex.store.blobs["k"].blob)[1]] == [
+        ("last", END_OF_TIME, BEGINNING_OF_TIME)]
+
+
 def test_failed_step_writes_nothing():
     class FailOnBoom(Computation):
         count = ValueState("count", default=0)

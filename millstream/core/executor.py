@@ -64,6 +64,10 @@ CHECKPOINT_COPY_SHARE: float | None = 0.25
 _WALL, _LOW_WATERMARK = TimeDomain.WALL_TIME, TimeDomain.LOW_WATERMARK
 _new_tuple = tuple.__new__  # a NamedTuple without its Python-level __new__
 _hex128 = xxhash.xxh3_128_hexdigest
+# An int of at most this many bits is in [BEGINNING_OF_TIME, END_OF_TIME]; of those only BEGINNING_OF_TIME
+# has one bit more (the checks off the hot path let it through). One call costs less than two
+# comparisons of ints as large as timestamps.
+_TIME_BITS = END_OF_TIME.bit_length()
 # A production id: the first 24 hex digits of the xxh3_128 of its text (derive_record_id). The slice is
 # built once: `[:24]` builds one per production.
 _ID_DIGITS = slice(24)
@@ -349,8 +353,8 @@ class _Invocation:
 
     def set_timer(self, tag: str, time: int, domain: TimeDomain = TimeDomain.LOW_WATERMARK,
                   watermark: str | None = None, hold: int | None = None) -> None:
-        if type(tag) is not str or type(time) is not int or not BEGINNING_OF_TIME <= time <= END_OF_TIME:
-            self._bad_timer(tag, time)
+        if type(tag) is not str or type(time) is not int or time.bit_length() > _TIME_BITS:
+            self._bad_timer(tag, time)  # raises, unless time is BEGINNING_OF_TIME
         if domain is _LOW_WATERMARK:  # a module constant: an enum member's attribute lookup costs more
             wall = False
         elif domain is _WALL or domain == TimeDomain.WALL_TIME.value:
@@ -421,11 +425,10 @@ class _Invocation:
 
     def produce(self, record: Record[Any], stream: str) -> None:
         codec = self._codecs.get(stream)
-        # A timestamp of at most 47 bits is in [BEGINNING_OF_TIME, END_OF_TIME] (BEGINNING_OF_TIME itself,
-        # 48 bits, passes _bad_production): one call costs less than comparing twice with large ints.
         if codec is None or type(record) is not Record or type(record.key) is not str or \
-                type(record.timestamp) is not int or record.timestamp.bit_length() > 47:
-            self._bad_production(record, stream)  # raises, unless only types are subclasses (of Record, say)
+                type(record.timestamp) is not int or record.timestamp.bit_length() > _TIME_BITS:
+            # Raises, unless only types are subclasses (of Record, say) or the time is BEGINNING_OF_TIME.
+            self._bad_production(record, stream)
             value = self._encoded(record, stream, self._codecs[stream])
         else:
             try:  # a Record made by user code holds its value (inlined: the common case)
