@@ -11,7 +11,9 @@ stay with bench/core.py; this is the yardstick for changes to the framework's pe
 
 The operator's full collections (spark/worker_garbage.py) are timed by the process's CPU time, which
 differs under valgrind from run to run, and so would the counts: the runs stop that clock, so only
-the first settle() collects in full, and the counts leave the later collections out. Each run goes in a process of its own under `valgrind --tool=callgrind --instr-atstart=no`; the
+the first settle() collects in full, and the counts leave the later collections out.
+
+Each run goes in a process of its own under `valgrind --tool=callgrind --instr-atstart=no`; the
 run's `profiler` hook switches counting on and off around its timed part (`callgrind_control -i`).
 The three runs of bench/core.py that matter here: the core, the Windower's own code alone (with a
 thin context) and the plain-CPython Windower. Core / user code alone is the framework's share.
