@@ -323,6 +323,132 @@ def test_randomized_timers_match_plain_model(seed, future_only):
                 assert seq == sorted(seq)
 
 
+class _Rearm(Computation):
+    """Each record sets `value` timers on its key; each firing sets its own tag again, far ahead."""
+
+    def process_record(self, ctx, record):
+        for i in range(record.value):
+            ctx.set_timer(f"t{i}", 10 + i)
+
+    def process_timer(self, ctx, timer):
+        ctx.set_timer(timer.tag, 10**12 + timer.time)
+
+
+@pytest.mark.parametrize("points", [1, 2])
+def test_firings_that_set_timers_do_not_sort_the_keys_timers_again_each_time(monkeypatch, points):
+    """A key with N due timers whose firings each set a timer: the due timers are not taken and sorted
+    again per firing (N firings x N timers), in one input point or several."""
+    import millstream.core.executor as executor_module
+
+    n = 600
+    ex = make_executor(_Rearm())
+    step(ex, [deliver("k", n, ts=1)], 0, 0)
+    sorted_items = [0]
+
+    def counting_sorted(items, **kwargs):
+        items = list(items)
+        sorted_items[0] += len(items)
+        return sorted(items, **kwargs)
+
+    monkeypatch.setattr(executor_module, "sorted", counting_sorted, raising=False)
+    segments = [Segment(10**9, 10**9)] if points == 1 else [Segment(5, 5), Segment(10**9, 10**9)]
+    ex.step([], segments, 0)
+    assert [t.time for t in inspect_key(ex.plan, ex.store.load(["k"])["k"])[1]] == \
+        sorted(10**12 + 10 + i for i in range(n))
+    assert sorted_items[0] <= 4 * n
+
+
+class _RandomFiringOps(Computation):
+    """Every firing runs timer operations drawn from its own (key, tag, time): sets other tags or its
+    own at later times, due now or not, in either domain, deletes tags, clears the key, or nothing.
+    Every firing is logged."""
+
+    def __init__(self) -> None:
+        self.log: list[tuple[str, int, str, str]] = []
+
+    def process_record(self, ctx, record):
+        for tag, time, domain in record.value:
+            ctx.set_timer(tag, time, TimeDomain(domain))
+
+    def process_timer(self, ctx, timer):
+        self.log.append((ctx.key, timer.time, timer.tag, timer.domain.value))
+        for op in _firing_ops(ctx.key, timer.tag, timer.time):
+            if op[0] == "del":
+                ctx.delete_timer(op[1])
+            elif op[0] == "clear":
+                ctx.clear()
+            else:
+                ctx.set_timer(op[1], op[2], TimeDomain(op[3]))
+
+
+_FIRING_TAGS = [f"g{i}" for i in range(12)]
+
+
+def _firing_ops(key: str, tag: str, time: int) -> list[tuple]:
+    rng = random.Random(f"{key}|{tag}|{time}")
+    ops: list[tuple] = []
+    for _ in range(rng.choice([0, 1, 1, 2, 3])):
+        other = rng.choice(_FIRING_TAGS + [tag])
+        draw = rng.random()
+        if draw < 0.03:
+            ops.append(("clear",))
+        elif draw < 0.25:
+            ops.append(("del", other))
+        else:  # later than the firing: chains end
+            ops.append(("set", other, time + rng.randint(1, 40), rng.choice(["low_watermark", "wall_time"])))
+    return ops
+
+
+def _model_firings(pending: dict[str, dict[str, tuple[int, str]]], keys, lw: int, wall: int, log: list) -> None:
+    """Plain-Python ground truth for one single-point step: per key, fire the least due (time, tag)
+    until none is due, applying the firing's operations."""
+    for key in keys:
+        timers = pending[key]
+        while True:
+            due = [(t, tag) for tag, (t, d) in timers.items() if t <= (lw if d == "low_watermark" else wall)]
+            if not due:
+                break
+            time, tag = min(due)
+            domain = timers.pop(tag)[1]
+            log.append((key, time, tag, domain))
+            for op in _firing_ops(key, tag, time):
+                if op[0] == "del":
+                    timers.pop(op[1], None)
+                elif op[0] == "clear":
+                    timers.clear()
+                else:
+                    timers[op[1]] = (op[2], op[3])
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_timers_set_and_deleted_by_firings_fire_as_a_plain_model_says(seed):
+    rng = random.Random(seed)
+    comp = _RandomFiringOps()
+    ex = make_executor(comp)
+    keys = [f"key{i}" for i in range(15)]
+    pending: dict[str, dict[str, tuple[int, str]]] = defaultdict(dict)
+    log: list = []
+    lw, wall, serial = 0, 0, 0
+    for _ in range(40):
+        deliveries = []
+        for _ in range(rng.randint(0, 12)):
+            key = rng.choice(keys)
+            sets = [(rng.choice(_FIRING_TAGS), rng.randint(lw - 20, lw + 150), rng.choice(["low_watermark", "wall_time"]))
+                    for _ in range(rng.randint(1, 6))]
+            serial += 1
+            deliveries.append(deliver(key, sets, ts=lw, rid=f"r{serial}"))
+            for tag, time, domain in sets:
+                pending[key][tag] = (time, domain)
+        step(ex, deliveries, lw, wall)
+        _model_firings(pending, keys, lw, wall, log)
+        lw += rng.choice([0, 10, 40, 90])
+        wall += rng.choice([0, 10, 60])
+    step(ex, [], END_OF_TIME, 10**12)
+    _model_firings(pending, keys, END_OF_TIME, 10**12, log)
+    assert len(comp.log) > 300
+    assert per_key(comp.log) == per_key(log)
+
+
 def test_timers_of_many_keys_are_all_found_via_the_store_index():
     comp = TimerScript()
     ex = make_executor(comp)

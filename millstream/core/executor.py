@@ -187,11 +187,21 @@ class _Checkpoint(NamedTuple):
 
 
 class _DueRest(NamedTuple):
-    """Due timers not fired yet when firing stopped at a limit (_KeyStep.fire_timers), in firing
-    order: valid while the key's timers are as then (the context's timer_changes is `version`)."""
+    """Due timers not fired yet when firing stopped (_KeyStep.fire_timers), in firing order: valid
+    while the key's timers are as then (the context's timer_changes is `version`)."""
 
-    due: list[tuple[int, str]]  # (time, tag)
+    # (time, tag); or, `checked`, (input point, time, tag), among them entries of timers changed since
+    # (passed over when met: _DueRest.current)
+    due: list[tuple[Any, ...]]
     version: int
+    checked: bool = False
+
+
+def _due_now(timer: tuple[int, bool, str, str], low_watermark: int, keyed_at: Mapping[str, int], wall_time: int) -> bool:
+    """Whether a timer (KeyState.timers' fields) is due in the firing: by the wall clock, its keyed
+    watermark, or the low watermark."""
+    return timer[0] <= (wall_time if timer[1] else keyed_at.get(timer[3], BEGINNING_OF_TIME) if timer[3]
+                        else low_watermark)
 
 
 class _StateFlushFailed(Exception):
@@ -204,7 +214,7 @@ class _Invocation:
     __slots__ = ("_plan", "_state", "_key", "_low_watermark", "_wall_time", "_late", "_stream",
                  "_cause", "_first_id", "_setter", "_produced", "_out", "_segment", "_handles", "_order", "_advanced",
                  "_inputs", "_after", "_by_spec", "_name", "_codecs", "_segments", "_last_spec", "_last_handle",
-                 "_timers", "timer_changes", "set_at", "_holds", "hold_changes")
+                 "_timers", "timer_changes", "changed_timers", "set_at", "_holds", "hold_changes")
 
     def __init__(self, plan: ComputationPlan, state: KeyState, key: str, wall_time: int, out: list[ProductionRow],
                  segments: Sequence[Segment] = ()) -> None:
@@ -215,6 +225,8 @@ class _Invocation:
         # Changes to the key's timers by user code (set, deleted, cleared): firing takes their order
         # again when it moves.
         self.timer_changes = 0
+        # While timers fire: the tags user code set since the firing loop last looked (None: cleared).
+        self.changed_timers: list[str | None] | None = None
         # tag -> the input point a timer was set in, for timers set this step after the first point:
         # such a timer does not fire at an earlier point (see _KeyStep.timer_point).
         self.set_at: dict[str, int] = {}
@@ -376,6 +388,8 @@ class _Invocation:
         else:
             self._set_holding(tag, (time, wall, setter, watermark or ""), hold)
         self.timer_changes += 1
+        if self.changed_timers is not None:
+            self.changed_timers.append(tag)
         if self._segment:  # in the first point there is no earlier one to keep it from (and points
             self.set_at[tag] = self._segment  # only move forward: nothing is set at 0 after a later one)
 
@@ -484,6 +498,8 @@ class _Invocation:
             self.holds_change(self._segment)
         self._state.clear()
         self.timer_changes += 1
+        if self.changed_timers is not None:
+            self.changed_timers.append(None)
 
     def _wrote(self, spec: StateSpec) -> None:
         # Counted from the watermark once this input point is processed: a value written in the very
@@ -788,8 +804,10 @@ class _KeyStep:
         included). None once no timer is due; if it stopped at the limit, the due timers not fired
         yet, in order, which a call with `rest` goes on from (if the key's timers are as then).
 
-        The due timers are sorted once; the order is taken again only when user code changed the
-        key's timers (set, deleted, cleared) while they fire."""
+        The due timers are sorted once. When user code changes the key's timers while they fire, the
+        order is kept: the timers it set that are due now are placed in it, and entries of timers changed
+        since are passed over when met (checked). Only a clear() takes the order again: a key's firings
+        that each set a timer cost no scan of all its timers each."""
         state = self.state
         if not state.timers:
             return None
@@ -815,12 +833,14 @@ class _KeyStep:
         # One comparison per firing for both bounds: the limit, and the runaway guard.
         bound = MAX_TIMER_FIRINGS_PER_STEP if limit is None else min(MAX_TIMER_FIRINGS_PER_STEP, fired + limit)
         skipped = 0  # firings dead-lettered in an earlier run of this step: not counted
+        changed: list[str | None] = []
+        ctx.changed_timers = changed
         try:
             while True:
                 timers = state.timers
                 if rest is not None and rest.version == ctx.timer_changes:
-                    due, rest = rest.due, None
-                else:
+                    due, checked, rest = rest.due, rest.checked, None
+                else:  # (_due_now, inlined)
                     due = sorted([(timer[0], tag) for tag, timer in timers.items()
                                   if timer[0] <= (wall_time if timer[1] else
                                                   keyed_at.get(timer[3], BEGINNING_OF_TIME) if timer[3] else lw)])
@@ -829,11 +849,20 @@ class _KeyStep:
                     if not single:  # as if the points came one at a time: a point's timers before a later one's
                         due.sort(key=lambda due_timer: (self.point_of(due_timer[1], timers[due_timer[1]], boundary),
                                                         due_timer))
-                version, sorted_at = ctx.timer_changes, fired
-                for _, tag in due:
+                    checked = False
+                del changed[:]  # the order taken reflects them
+                version, sorted_at, passed = ctx.timer_changes, fired, 0
+                for entry in due:
+                    if checked:
+                        tag = entry[2]
+                        if not self.current(entry, timers.get(tag), lw, keyed_at, wall_time, boundary):
+                            passed += 1
+                            continue
+                    else:
+                        tag = entry[1]
                     if fired >= bound:
                         if fired < MAX_TIMER_FIRINGS_PER_STEP:  # the limit
-                            return _DueRest(due[fired - sorted_at:], version)
+                            return _DueRest(due[fired - sorted_at + passed:], version, checked)
                         raise ComputationError(
                             f"computation {plan.name!r}, key {key!r}: more than {MAX_TIMER_FIRINGS_PER_STEP} "
                             "timers fired in one step; a timer that re-sets itself at or behind the low "
@@ -880,13 +909,58 @@ class _KeyStep:
                             state.flush(plan.state_specs)
                     except Exception as error:
                         raise _UserFailure(error, timer=(tag, time, setter, point), segment=point) from error
-                    if ctx.timer_changes != version:
-                        break  # user code changed the key's timers: take the order again
+                    if ctx.timer_changes != version:  # user code changed the key's timers
+                        if None in changed:
+                            break  # cleared: take the order again
+                        rest_at = fired - sorted_at + passed
+                        if not checked:  # the rest as (point, time, tag), once: the loop goes on from it
+                            rest = _DueRest(self.checked_due(due, rest_at, changed, lw, keyed_at, wall_time,
+                                                             boundary), ctx.timer_changes, True)
+                            break
+                        for changed_tag in dict.fromkeys(changed):
+                            if changed_tag is not None:  # (None is a clear(), not met here)
+                                self.place_due(due, rest_at, changed_tag, timers.get(changed_tag), lw, keyed_at,
+                                               wall_time, boundary)
+                        del changed[:]
+                        version = ctx.timer_changes
                 else:
                     return None
         finally:
+            ctx.changed_timers = None
             self.metrics.timers_fired += fired - self.firings - skipped
             self.firings = fired
+
+    def checked_due(self, due: list[tuple[Any, ...]], rest_at: int, changed: list[str | None], low_watermark: int,
+                    keyed_at: Mapping[str, int], wall_time: int, boundary: int) -> list[tuple[Any, ...]]:
+        """The due timers not fired yet, from `rest_at` of an unchecked order, as (point, time, tag) in
+        firing order after user code changed the timers of `changed`: theirs as they are now, if due."""
+        timers, single = self.state.timers, len(self.segments) == 1
+        changed_tags = {tag for tag in changed if tag is not None}  # (None is a clear(), not met here)
+        rest = []
+        for time, tag in due[rest_at:]:
+            timer = timers.get(tag)
+            if timer is not None and tag not in changed_tags:
+                rest.append((boundary if single else self.point_of(tag, timer, boundary), time, tag))
+        for tag in changed_tags:
+            timer = timers.get(tag)
+            if timer is not None and _due_now(timer, low_watermark, keyed_at, wall_time):
+                rest.append((boundary if single else self.point_of(tag, timer, boundary), timer[0], tag))
+        return sorted(rest)
+
+    def place_due(self, due: list[tuple[Any, ...]], rest_at: int, tag: str, timer: tuple[int, bool, str, str] | None,
+                  low_watermark: int, keyed_at: Mapping[str, int], wall_time: int, boundary: int) -> None:
+        """Place a timer user code set while timers fire among the checked due timers not fired yet
+        (from `rest_at`), if it is due."""
+        if timer is not None and _due_now(timer, low_watermark, keyed_at, wall_time):
+            point = boundary if len(self.segments) == 1 else self.point_of(tag, timer, boundary)
+            bisect.insort(due, (point, timer[0], tag), lo=rest_at)
+
+    def current(self, entry: tuple[Any, ...], timer: tuple[int, bool, str, str] | None, low_watermark: int,
+                keyed_at: Mapping[str, int], wall_time: int, boundary: int) -> bool:
+        """Whether a checked entry (point, time, tag) is the tag's timer as it is now, due at that point
+        (an entry of a timer changed since it was placed is not: the timer was placed anew if due)."""
+        return (timer is not None and timer[0] == entry[1] and _due_now(timer, low_watermark, keyed_at, wall_time)
+                and (len(self.segments) == 1 or self.point_of(entry[2], timer, boundary) == entry[0]))
 
     def time_text(self, time: int) -> str:
         """A timer time's decimal text, kept for the firings of other keys at the same time (windows'
