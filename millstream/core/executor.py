@@ -190,9 +190,9 @@ class _DueRest(NamedTuple):
     """Due timers not fired yet when firing stopped (_KeyStep.fire_timers), in firing order: valid
     while the key's timers are as then (the context's timer_changes is `version`)."""
 
-    # (time, tag); or, `checked`, (input point, time, tag), among them entries of timers changed since
-    # (passed over when met: _DueRest.current)
-    due: list[tuple[Any, ...]]
+    # (time, tag); or, `checked`, ((input point, time), tag), among them entries of timers changed since
+    # (passed over when met: _KeyStep.current)
+    due: list[tuple[Any, str]]
     version: int
     checked: bool = False
 
@@ -225,7 +225,8 @@ class _Invocation:
         # Changes to the key's timers by user code (set, deleted, cleared): firing takes their order
         # again when it moves.
         self.timer_changes = 0
-        # While timers fire: the tags user code set since the firing loop last looked (None: cleared).
+        # While timers fire: the tag of each change user code made to the key's timers since the firing
+        # loop last looked, one per change counted in timer_changes (None: a clear()).
         self.changed_timers: list[str | None] | None = None
         # tag -> the input point a timer was set in, for timers set this step after the first point:
         # such a timer does not fire at an earlier point (see _KeyStep.timer_point).
@@ -432,6 +433,8 @@ class _Invocation:
             self._bad_timer(tag, 0)
         if self._timers.pop(tag, None) is not None:
             self.timer_changes += 1
+            if self.changed_timers is not None:
+                self.changed_timers.append(tag)
             holds = self._holds
             if holds and tag in holds:
                 self.holds_change(self._segment)
@@ -850,16 +853,11 @@ class _KeyStep:
                         due.sort(key=lambda due_timer: (self.point_of(due_timer[1], timers[due_timer[1]], boundary),
                                                         due_timer))
                     checked = False
-                del changed[:]  # the order taken reflects them
                 version, sorted_at, passed = ctx.timer_changes, fired, 0
-                for entry in due:
-                    if checked:
-                        tag = entry[2]
-                        if not self.current(entry, timers.get(tag), lw, keyed_at, wall_time, boundary):
-                            passed += 1
-                            continue
-                    else:
-                        tag = entry[1]
+                for placed, tag in due:
+                    if checked and not self.current(placed, tag, timers.get(tag), lw, keyed_at, wall_time, boundary):
+                        passed += 1
+                        continue
                     if fired >= bound:
                         if fired < MAX_TIMER_FIRINGS_PER_STEP:  # the limit
                             return _DueRest(due[fired - sorted_at + passed:], version, checked)
@@ -910,12 +908,14 @@ class _KeyStep:
                     except Exception as error:
                         raise _UserFailure(error, timer=(tag, time, setter, point), segment=point) from error
                     if ctx.timer_changes != version:  # user code changed the key's timers
-                        if None in changed:
-                            break  # cleared: take the order again
+                        if None in changed or len(changed) != ctx.timer_changes - version:
+                            del changed[:]
+                            break  # cleared (or changed unseen): take the order again
                         rest_at = fired - sorted_at + passed
-                        if not checked:  # the rest as (point, time, tag), once: the loop goes on from it
+                        if not checked:  # the rest as ((point, time), tag), once: the loop goes on from it
                             rest = _DueRest(self.checked_due(due, rest_at, changed, lw, keyed_at, wall_time,
                                                              boundary), ctx.timer_changes, True)
+                            del changed[:]
                             break
                         for changed_tag in dict.fromkeys(changed):
                             if changed_tag is not None:  # (None is a clear(), not met here)
@@ -930,37 +930,38 @@ class _KeyStep:
             self.metrics.timers_fired += fired - self.firings - skipped
             self.firings = fired
 
-    def checked_due(self, due: list[tuple[Any, ...]], rest_at: int, changed: list[str | None], low_watermark: int,
-                    keyed_at: Mapping[str, int], wall_time: int, boundary: int) -> list[tuple[Any, ...]]:
-        """The due timers not fired yet, from `rest_at` of an unchecked order, as (point, time, tag) in
-        firing order after user code changed the timers of `changed`: theirs as they are now, if due."""
+    def checked_due(self, due: list[tuple[Any, str]], rest_at: int, changed: list[str | None], low_watermark: int,
+                    keyed_at: Mapping[str, int], wall_time: int, boundary: int) -> list[tuple[Any, str]]:
+        """The due timers not fired yet, from `rest_at` of an unchecked order, as ((point, time), tag)
+        in firing order after user code changed the timers of `changed`: theirs as they are now, if due."""
         timers, single = self.state.timers, len(self.segments) == 1
         changed_tags = {tag for tag in changed if tag is not None}  # (None is a clear(), not met here)
         rest = []
         for time, tag in due[rest_at:]:
             timer = timers.get(tag)
             if timer is not None and tag not in changed_tags:
-                rest.append((boundary if single else self.point_of(tag, timer, boundary), time, tag))
+                rest.append(((boundary if single else self.point_of(tag, timer, boundary), time), tag))
         for tag in changed_tags:
             timer = timers.get(tag)
             if timer is not None and _due_now(timer, low_watermark, keyed_at, wall_time):
-                rest.append((boundary if single else self.point_of(tag, timer, boundary), timer[0], tag))
+                rest.append(((boundary if single else self.point_of(tag, timer, boundary), timer[0]), tag))
         return sorted(rest)
 
-    def place_due(self, due: list[tuple[Any, ...]], rest_at: int, tag: str, timer: tuple[int, bool, str, str] | None,
+    def place_due(self, due: list[tuple[Any, str]], rest_at: int, tag: str, timer: tuple[int, bool, str, str] | None,
                   low_watermark: int, keyed_at: Mapping[str, int], wall_time: int, boundary: int) -> None:
         """Place a timer user code set while timers fire among the checked due timers not fired yet
         (from `rest_at`), if it is due."""
         if timer is not None and _due_now(timer, low_watermark, keyed_at, wall_time):
             point = boundary if len(self.segments) == 1 else self.point_of(tag, timer, boundary)
-            bisect.insort(due, (point, timer[0], tag), lo=rest_at)
+            bisect.insort(due, ((point, timer[0]), tag), lo=rest_at)
 
-    def current(self, entry: tuple[Any, ...], timer: tuple[int, bool, str, str] | None, low_watermark: int,
+    def current(self, placed: tuple[int, int], tag: str, timer: tuple[int, bool, str, str] | None, low_watermark: int,
                 keyed_at: Mapping[str, int], wall_time: int, boundary: int) -> bool:
-        """Whether a checked entry (point, time, tag) is the tag's timer as it is now, due at that point
-        (an entry of a timer changed since it was placed is not: the timer was placed anew if due)."""
-        return (timer is not None and timer[0] == entry[1] and _due_now(timer, low_watermark, keyed_at, wall_time)
-                and (len(self.segments) == 1 or self.point_of(entry[2], timer, boundary) == entry[0]))
+        """Whether a checked entry, `tag` placed at (point, time), is the tag's timer as it is now, due
+        at that point (an entry of a timer changed since it was placed is not: the timer was placed anew
+        if due)."""
+        return (timer is not None and timer[0] == placed[1] and _due_now(timer, low_watermark, keyed_at, wall_time)
+                and (len(self.segments) == 1 or self.point_of(tag, timer, boundary) == placed[0]))
 
     def time_text(self, time: int) -> str:
         """A timer time's decimal text, kept for the firings of other keys at the same time (windows'
