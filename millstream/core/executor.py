@@ -842,7 +842,8 @@ class _KeyStep:
             while True:
                 timers = state.timers
                 if rest is not None and rest.version == ctx.timer_changes:
-                    due, checked, rest = rest.due, rest.checked, None
+                    # A checked order gets timers placed in it: a copy, as fire() keeps the rest to replay from.
+                    due, checked, rest = list(rest.due) if rest.checked else rest.due, rest.checked, None
                 else:  # (_due_now, inlined)
                     due = sorted([(timer[0], tag) for tag, timer in timers.items()
                                   if timer[0] <= (wall_time if timer[1] else
