@@ -433,8 +433,8 @@ def test_timers_set_and_deleted_by_firings_fire_as_a_plain_model_says(seed):
         deliveries = []
         for _ in range(rng.randint(0, 12)):
             key = rng.choice(keys)
-            sets = [(rng.choice(_FIRING_TAGS), rng.randint(lw - 20, lw + 150), rng.choice(["low_watermark", "wall_time"]))
-                    for _ in range(rng.randint(1, 6))]
+            sets = [(rng.choice(_FIRING_TAGS), rng.randint(lw - 20, lw + 150),
+                     rng.choice(["low_watermark", "wall_time"])) for _ in range(rng.randint(1, 6))]
             serial += 1
             deliveries.append(deliver(key, sets, ts=lw, rid=f"r{serial}"))
             for tag, time, domain in sets:

@@ -197,7 +197,8 @@ class _DueRest(NamedTuple):
     checked: bool = False
 
 
-def _due_now(timer: tuple[int, bool, str, str], low_watermark: int, keyed_at: Mapping[str, int], wall_time: int) -> bool:
+def _due_now(timer: tuple[int, bool, str, str], low_watermark: int, keyed_at: Mapping[str, int],
+             wall_time: int) -> bool:
     """Whether a timer (KeyState.timers' fields) is due in the firing: by the wall clock, its keyed
     watermark, or the low watermark."""
     return timer[0] <= (wall_time if timer[1] else keyed_at.get(timer[3], BEGINNING_OF_TIME) if timer[3]
@@ -222,8 +223,8 @@ class _Invocation:
         self._segments = segments  # the step's input points (keyed watermarks are read from them)
         self._state = state
         self._timers = state.timers  # the key's pending timers (KeyState.timers: tag -> their fields)
-        # Changes to the key's timers by user code (set, deleted, cleared): firing takes their order
-        # again when it moves.
+        # Changes to the key's timers by user code (set, deleted, cleared): firing looks at them (in
+        # changed_timers) when it moves.
         self.timer_changes = 0
         # While timers fire: the tag of each change user code made to the key's timers since the firing
         # loop last looked, one per change counted in timer_changes (None: a clear()).
