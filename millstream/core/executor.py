@@ -936,17 +936,17 @@ class _KeyStep:
                     keyed_at: Mapping[str, int], wall_time: int, boundary: int) -> list[tuple[Any, str]]:
         """The due timers not fired yet, from `rest_at` of an unchecked order, as ((point, time), tag)
         in firing order after user code changed the timers of `changed`: theirs as they are now, if due."""
-        timers, single = self.state.timers, len(self.segments) == 1
+        timers = self.state.timers
         changed_tags = {tag for tag in changed if tag is not None}  # (None is a clear(), not met here)
         rest = []
-        for time, tag in due[rest_at:]:
+        for _, tag in due[rest_at:]:
             timer = timers.get(tag)
             if timer is not None and tag not in changed_tags:
-                rest.append(((boundary if single else self.point_of(tag, timer, boundary), time), tag))
+                rest.append((self.placed_at(tag, timer, boundary), tag))
         for tag in changed_tags:
             timer = timers.get(tag)
             if timer is not None and _due_now(timer, low_watermark, keyed_at, wall_time):
-                rest.append(((boundary if single else self.point_of(tag, timer, boundary), timer[0]), tag))
+                rest.append((self.placed_at(tag, timer, boundary), tag))
         return sorted(rest)
 
     def place_due(self, due: list[tuple[Any, str]], rest_at: int, tag: str, timer: tuple[int, bool, str, str] | None,
@@ -954,16 +954,19 @@ class _KeyStep:
         """Place a timer user code set while timers fire among the checked due timers not fired yet
         (from `rest_at`), if it is due."""
         if timer is not None and _due_now(timer, low_watermark, keyed_at, wall_time):
-            point = boundary if len(self.segments) == 1 else self.point_of(tag, timer, boundary)
-            bisect.insort(due, ((point, timer[0]), tag), lo=rest_at)
+            bisect.insort(due, (self.placed_at(tag, timer, boundary), tag), lo=rest_at)
 
     def current(self, placed: tuple[int, int], tag: str, timer: tuple[int, bool, str, str] | None, low_watermark: int,
                 keyed_at: Mapping[str, int], wall_time: int, boundary: int) -> bool:
         """Whether a checked entry, `tag` placed at (point, time), is the tag's timer as it is now, due
         at that point (an entry of a timer changed since it was placed is not: the timer was placed anew
         if due)."""
-        return (timer is not None and timer[0] == placed[1] and _due_now(timer, low_watermark, keyed_at, wall_time)
-                and (len(self.segments) == 1 or self.point_of(tag, timer, boundary) == placed[0]))
+        return (timer is not None and _due_now(timer, low_watermark, keyed_at, wall_time)
+                and self.placed_at(tag, timer, boundary) == placed)
+
+    def placed_at(self, tag: str, timer: tuple[int, bool, str, str], boundary: int) -> tuple[int, int]:
+        """A due timer's place in a checked order: (the input point it fires at, its time)."""
+        return (boundary if len(self.segments) == 1 else self.point_of(tag, timer, boundary), timer[0])
 
     def time_text(self, time: int) -> str:
         """A timer time's decimal text, kept for the firings of other keys at the same time (windows'
