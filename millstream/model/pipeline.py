@@ -297,8 +297,9 @@ class Pipeline:
           warehouse (`spark.sql.warehouse.dir`; Spark's default, `./spark-warehouse`, follows the
           directory the driver starts in);
         - format "jdbc" with `options` url= and dbtable= (and what else Spark's JDBC writer takes):
-          appended to a database table with columns `millstream_producer` and `millstream_batch`
-          (a re-delivery first deletes its own rows);
+          a database table with columns `millstream_producer` and `millstream_batch`, each batch
+          written by the executors to a staging table, then put in by one transaction that also
+          deletes a re-delivery's own rows (readers never see a batch partial or twice);
         - `writer`: your function, called as writer(dataframe, batch_id).
 
         The dataframe has columns key, timestamp, id, value (JSON text for JSON streams, bytes

@@ -8,7 +8,10 @@ computation). The points are the moments between two commits, where a crash hurt
 - `committed`: Spark has committed the batch, millstream has not published it yet;
 - `published`: the batch is published, its sinks have not received it yet;
 - `delivered`: a sink has received the batch, its progress is not recorded yet;
-- `input-staged`: a DataFrame injector's micro-batch is staged, Spark has not committed it yet.
+- `input-staged`: a DataFrame injector's micro-batch is staged, Spark has not committed it yet;
+- `sink-staged` (JDBC sinks only, so not among the chaos command's `POINTS`): a batch is in the
+  sink's staging table and the transaction that replaces it in the table has deleted the rows of an
+  earlier delivery, not yet committed.
 
 Nothing happens when the variable is not set.
 """

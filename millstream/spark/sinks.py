@@ -13,8 +13,9 @@ its last batch:
   `<path>/producer=<producer>/batch=<batch>`, written with mode overwrite: a redelivery replaces it;
 - tables: appended with partition columns millstream_producer and millstream_batch, overwriting
   only that partition (INSERT OVERWRITE of the partition named in full);
-- JDBC tables: appended by Spark's JDBC writer with columns millstream_producer and
-  millstream_batch, after the driver deleted the rows a previous delivery of the same batch left;
+- JDBC tables: with columns millstream_producer and millstream_batch; the executors write the batch
+  to a staging table, then one transaction on the driver deletes the rows a previous delivery of the
+  same batch left and copies the batch in, one task attempt per partition (`deliver_jdbc`);
 - user writers: called as writer(dataframe, batch_id), like Spark's foreachBatch: make them
   idempotent per (producer, batch_id); the dataframe has a `producer` column.
 
@@ -25,12 +26,13 @@ driver never holds the records.
 
 from __future__ import annotations
 
+import hashlib
 import queue
 import re
 import threading
 import time
 import uuid
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 from urllib.parse import urlsplit
 
 import pyarrow.parquet as pq
@@ -258,7 +260,7 @@ def deliver_with_spark(spark: Any, pipeline: Pipeline, node: SinkNode, producer:
                 finally:
                     spark.catalog.dropTempView(view)
     elif node.is_jdbc:
-        deliver_jdbc(spark, frame, node, producer, batch)
+        deliver_jdbc(spark, frame, node, producer, batch, root)
     else:
         target = f"{node.path.rstrip('/')}/producer={producer}/batch={batch:012d}"  # type: ignore[union-attr]
         frame.write.mode("overwrite").format(node.format).options(**node.options).save(target)
@@ -270,8 +272,12 @@ _TABLE_LOCKS_GUARD = threading.Lock()
 
 def _table_lock(table: str) -> threading.Lock:
     """The lock of a table for this process's deliveries (two sinks may name one table)."""
+    return _lock(table_place(table))
+
+
+def _lock(place: str) -> threading.Lock:
     with _TABLE_LOCKS_GUARD:
-        return _TABLE_LOCKS.setdefault(table_place(table), threading.Lock())
+        return _TABLE_LOCKS.setdefault(place, threading.Lock())
 
 
 def _clear_dead_writes(spark: Any, table: str) -> None:
@@ -375,16 +381,23 @@ def failure_reason(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"
 
 
-def deliver_jdbc(spark: Any, frame: Any, node: SinkNode, producer: str, batch: int) -> None:
-    """Append the batch to the database table, first deleting what an earlier delivery of the same
-    batch wrote (it may have died half-way). Readers can see a redelivered batch missing or partial
-    for a moment. Within one delivery Spark's JDBC writer commits per task: a task that committed
-    and is run again (its executor lost before it reported) writes its rows twice, with the same
-    record ids."""
+def deliver_jdbc(spark: Any, frame: Any, node: SinkNode, producer: str, batch: int, root: str) -> None:
+    """Replace the batch's rows in the database table, all at once. Spark's JDBC writer commits per
+    task: written straight into the table, a batch would show partial to readers, and a task run again
+    after it committed (its executor lost before it reported, a speculative copy) would write its rows
+    twice. So the executors write the batch into a staging table of this sink and producer, each row
+    marked with its Spark partition and task attempt (`_mark_attempt`); then the driver, in one
+    transaction, deletes what an earlier delivery of the batch left and copies one complete attempt per
+    partition (`complete_attempts`) from staging. A delivery that fails before its commit leaves the
+    table as it was."""
     from pyspark.sql import functions as F
 
     options = {name.lower(): value for name, value in node.options.items()}  # Spark's are case-blind
     url, table = options["url"], options["dbtable"]
+    rows = (frame.withColumn("millstream_producer", F.lit(producer))
+            .withColumn("millstream_batch", F.lit(batch).cast("long")))
+    write = _jdbc_write_options(node.options)
+    stage = staging_table(table, root, node.name, producer)
     jvm = spark._jvm
     given = jvm.java.util.HashMap()
     for name, value in node.options.items():
@@ -392,35 +405,148 @@ def deliver_jdbc(spark: Any, frame: Any, node: SinkNode, producer: str, batch: i
     jdbc = jvm.org.apache.spark.sql.execution.datasources.jdbc.JDBCOptions(
         jvm.org.apache.spark.api.python.PythonUtils.toScalaMap(given))
     dialect = jvm.org.apache.spark.sql.jdbc.JdbcDialects.get(url)
-    connection = dialect.createConnectionFactory(jdbc).apply(-1)
+    with _lock(f"jdbc {url} {table.lower()}"):  # two sinks may name one table: one creates it
+        connection = dialect.createConnectionFactory(jdbc).apply(-1)
+        try:
+            columns = _jdbc_columns(connection, table)
+            if columns is None:
+                rows.limit(0).write.format("jdbc").options(**write).mode("append").save()  # Spark's types
+                _index_batches(connection, dialect, table)
+                columns = _jdbc_columns(connection, table) or {}
+            missing = [name for name in rows.columns if name not in columns]
+            if missing:
+                raise SinkError(f"sink {node.name!r}: table {table} has no columns {', '.join(missing)}, which "
+                                "millstream writes (millstream_producer and millstream_batch find a redelivered "
+                                "batch's rows); let millstream create the table, or add them (millstream_producer a "
+                                "string of up to 64 characters, millstream_batch a bigint)")
+            _drop_table(connection, stage)
+            staging = {name: value for name, value in write.items() if name.lower() != "dbtable"}
+            (rows.mapInArrow(_mark_attempt, _with_attempt_columns(rows.schema))
+             .write.format("jdbc").options(**staging, dbtable=stage).mode("append").save())
+            staged = _jdbc_columns(connection, stage) or {}
+            attempts = complete_attempts(_staged_counts(connection, dialect, stage, staged, batch))
+            _replace_batch(connection, dialect, table, stage, [(columns[name], staged[name]) for name in rows.columns],
+                           (producer, batch), attempts, staged["millstream_attempt"])
+            _drop_table(connection, stage)
+        finally:
+            connection.close()
+
+
+def _staged_counts(connection: Any, dialect: Any, stage: str, staged: dict[str, str],
+                   batch: int) -> list[tuple[int, int, int]]:
+    """(partition, attempt, rows) of each task attempt that staged rows of the batch (a speculative
+    copy that outlived an earlier delivery's job may still write that batch's rows here)."""
+    marks = ", ".join(dialect.quoteIdentifier(staged[name]) for name in ("millstream_task", "millstream_attempt"))
+    query = connection.prepareStatement(f"SELECT {marks}, COUNT(*) FROM {stage} WHERE "
+                                        f"{dialect.quoteIdentifier(staged['millstream_batch'])} = ? GROUP BY {marks}")
+    query.setLong(1, batch)
+    found = query.executeQuery()
+    counts = []
     try:
-        columns = _jdbc_columns(connection, table)
-        if columns is not None:
-            names = [columns.get(column) for column in ("millstream_producer", "millstream_batch")]
-            if None in names:
-                raise SinkError(f"sink {node.name!r}: table {table} has no columns millstream_producer and "
-                                "millstream_batch, which a redelivered batch's rows are found by; let millstream "
-                                "create the table, or add them (a string of up to 64 characters and a bigint)")
-            delete = connection.prepareStatement(f"DELETE FROM {table} WHERE {dialect.quoteIdentifier(names[0])} = ? "
-                                                 f"AND {dialect.quoteIdentifier(names[1])} = ?")
-            delete.setString(1, producer)
-            delete.setLong(2, batch)
-            delete.executeUpdate()
-            if not connection.getAutoCommit():
-                connection.commit()
-        # Spark's default for a string column is a text type some databases cannot compare (Derby's CLOB).
-        types = options.get("createtablecolumntypes", "")
-        write = {name: value for name, value in node.options.items() if name.lower() != "createtablecolumntypes"}
-        if "millstream_producer" not in types:
-            types = ", ".join(filter(None, (types, "millstream_producer VARCHAR(64)")))
-        write["createTableColumnTypes"] = types
-        (frame.withColumn("millstream_producer", F.lit(producer))
-         .withColumn("millstream_batch", F.lit(batch).cast("long"))
-         .write.format("jdbc").options(**write).mode("append").save())
-        if columns is None:
-            _index_batches(connection, dialect, table)
+        while found.next():
+            counts.append((found.getInt(1), found.getLong(2), found.getLong(3)))
     finally:
-        connection.close()
+        found.close()
+    return counts
+
+
+def _replace_batch(connection: Any, dialect: Any, table: str, stage: str, columns: list[tuple[str, str]],
+                   batch: tuple[str, int], attempts: list[int], attempt_column: str) -> None:
+    """In one transaction: delete the rows of `batch` (producer, batch id) from the table, copy in the
+    given attempts' rows from staging. `columns`: (the table's name, staging's name) of each column
+    copied, millstream_producer and millstream_batch among them."""
+    into = ", ".join(dialect.quoteIdentifier(name) for name, _ in columns)
+    select = ", ".join(dialect.quoteIdentifier(name) for _, name in columns)
+    by_name = {name.lower(): name for name, _ in columns}
+    by_producer, by_batch = by_name["millstream_producer"], by_name["millstream_batch"]
+    autocommit = connection.getAutoCommit()
+    connection.setAutoCommit(False)
+    try:
+        delete = connection.prepareStatement(f"DELETE FROM {table} WHERE {dialect.quoteIdentifier(by_producer)} = ? "
+                                             f"AND {dialect.quoteIdentifier(by_batch)} = ?")
+        delete.setString(1, batch[0])
+        delete.setLong(2, batch[1])
+        delete.executeUpdate()
+        faults.reached("sink-staged", batch[0])
+        for start in range(0, len(attempts), 500):  # a bounded IN list per statement
+            chosen = ", ".join(str(attempt) for attempt in attempts[start:start + 500])
+            connection.prepareStatement(f"INSERT INTO {table} ({into}) SELECT {select} FROM {stage} WHERE "
+                                        f"{dialect.quoteIdentifier(attempt_column)} IN ({chosen})").executeUpdate()
+        connection.commit()
+    except BaseException:
+        connection.rollback()
+        raise
+    finally:
+        connection.setAutoCommit(autocommit)
+
+
+def complete_attempts(counts: list[tuple[int, int, int]]) -> list[int]:
+    """The task attempts whose staged rows make the batch, from (partition, attempt, rows staged) of
+    each: per partition, the attempt that wrote the most rows, the first of those that tie. Every
+    attempt of a partition writes the same rows (read from the batch's published files); one that
+    wrote fewer died half-way, on a database without transactions.
+
+    >>> complete_attempts([(0, 7, 300), (1, 8, 120), (0, 9, 300), (1, 10, 50)])
+    [7, 8]
+    """
+    best: dict[int, tuple[int, int]] = {}
+    for partition, attempt, rows in counts:
+        if partition not in best or (-rows, attempt) < (-best[partition][1], best[partition][0]):
+            best[partition] = (attempt, rows)
+    return sorted(attempt for attempt, _ in best.values())
+
+
+def staging_table(table: str, root: str, sink: str, producer: str) -> str:
+    """The staging table of a JDBC sink's deliveries from one producer: in the table's schema, named
+    by the root, sink and producer (short enough for any database's limit on names).
+
+    >>> staging_table("reports.windows", "/data/root", "db", "count")
+    'reports.millstream_stage_06e0706c5d34'
+    """
+    schema = table.rpartition(".")[0] if "(" not in table else ""
+    digest = hashlib.blake2b(f"{root}\0{sink}\0{producer}".encode(), digest_size=6).hexdigest()
+    return f"{schema}.millstream_stage_{digest}" if schema else f"millstream_stage_{digest}"
+
+
+def _mark_attempt(batches: Any) -> Any:
+    """Each staged row's Spark partition and task attempt (unique in the application): what tells
+    a task's second commit apart from its first."""
+    import pyarrow as pa
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    assert context is not None, "run by Spark's tasks only"
+    partition, attempt = context.partitionId(), context.taskAttemptId()
+    for rows in batches:
+        yield pa.RecordBatch.from_arrays(
+            [*rows.columns, pa.array([partition] * rows.num_rows, pa.int32()),
+             pa.array([attempt] * rows.num_rows, pa.int64())],
+            names=[*rows.schema.names, "millstream_task", "millstream_attempt"])
+
+
+def _with_attempt_columns(schema: Any) -> Any:
+    from pyspark.sql.types import IntegerType, LongType, StructField, StructType
+
+    return StructType([*schema.fields, StructField("millstream_task", IntegerType(), False),
+                       StructField("millstream_attempt", LongType(), False)])
+
+
+def _jdbc_write_options(given: Mapping[str, str]) -> dict[str, str]:
+    """The sink's options for Spark's JDBC writer, with a comparable type for millstream_producer:
+    Spark's default for a string column is a text type some databases cannot compare (Derby's CLOB)."""
+    types = next((value for name, value in given.items() if name.lower() == "createtablecolumntypes"), "")
+    write = {name: value for name, value in given.items() if name.lower() != "createtablecolumntypes"}
+    if "millstream_producer" not in types:
+        types = ", ".join(filter(None, (types, "millstream_producer VARCHAR(64)")))
+    write["createTableColumnTypes"] = types
+    return write
+
+
+def _drop_table(connection: Any, table: str) -> None:
+    if _jdbc_columns(connection, table) is not None:
+        connection.prepareStatement(f"DROP TABLE {table}").executeUpdate()
+        if not connection.getAutoCommit():
+            connection.commit()
 
 
 def _index_batches(connection: Any, dialect: Any, table: str) -> None:

@@ -20,5 +20,7 @@ def spark(tmp_path_factory):
     # Managed tables go to a scratch warehouse, not into the directory the tests run from.
     session = create_session("local[2]", "millstream-tests", log_path=str(scratch / "spark.log"),
                              conf={"spark.sql.warehouse.dir": str(scratch / "warehouse")})
+    # Derby (the JDBC sink tests' database) writes its log into the working directory unless told.
+    session._jvm.java.lang.System.setProperty("derby.stream.error.file", str(scratch / "derby.log"))
     yield session
     session.stop()
