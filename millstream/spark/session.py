@@ -26,7 +26,10 @@ def hide_pandas_3_warning() -> None:
 
 STATE_STORE_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
-_JIT_WITHOUT_C2 = "-XX:TieredStopAtLevel=1"
+# Without C2 the JVM sizes its code cache for C1 alone (48 MB, against 240 MB with both tiers); a
+# long-lived session (a week of batches, or the test suite's) filled it, and the JVM then failed with
+# "Out of space in CodeCache for method handle intrinsic", stopping Spark. The usual size is kept.
+_JIT_WITHOUT_C2 = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
 
 DEFAULT_CONF: dict[str, str] = {
     # transformWithState requires RocksDB; changelog checkpointing halves commit time.
@@ -73,8 +76,10 @@ def session_settings(master: str, conf: Mapping[str, str] | None = None) -> tupl
     >>> settings, env = session_settings("local[2]", {"spark.ui.enabled": "true"})
     >>> settings["spark.ui.enabled"], settings["spark.driver.bindAddress"], env
     ('true', '127.0.0.1', {'SPARK_LOCAL_IP': '127.0.0.1'})
-    >>> settings["spark.driver.defaultJavaOptions"], settings["spark.executor.defaultJavaOptions"]
-    ('-XX:TieredStopAtLevel=1', '-XX:TieredStopAtLevel=1')
+    >>> settings["spark.driver.defaultJavaOptions"] == settings["spark.executor.defaultJavaOptions"]
+    True
+    >>> settings["spark.driver.defaultJavaOptions"]
+    '-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m'
     >>> session_settings("spark://10.0.0.5:7077")[1]
     {}
     """

@@ -27,7 +27,12 @@ def test_the_local_jvm_runs_without_the_optimizing_jit_tier(spark):
     arguments = list(spark.sparkContext._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean()
                      .getInputArguments())
     assert "-XX:TieredStopAtLevel=1" in arguments
-    assert spark.sparkContext.getConf().get("spark.executor.defaultJavaOptions") == "-XX:TieredStopAtLevel=1"
+    assert spark.sparkContext.getConf().get("spark.executor.defaultJavaOptions").startswith("-XX:TieredStopAtLevel=1")
+    # Its code cache keeps the size it has with both tiers: C1's alone (48 MB) filled in long sessions.
+    jvm = spark.sparkContext._jvm
+    hotspot = jvm.java.lang.management.ManagementFactory.getPlatformMXBean(
+        jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean"))
+    assert hotspot.getVMOption("ReservedCodeCacheSize").getValue() == str(240 * 1024 * 1024)
 
 
 def test_a_users_session_gets_the_state_store_transform_with_state_needs(spark, tmp_path):
