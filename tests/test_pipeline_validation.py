@@ -175,6 +175,8 @@ def test_a_jdbc_sink_takes_a_url_and_a_table_and_no_path():
         base().add_sink("out", "events", "/tmp/x", format="jdbc", options=db)
     with pytest.raises(PipelineError, match=r"sink 'out': a JDBC sink needs options url= and dbtable="):
         base().add_sink("out", "events", format="jdbc", options={"url": db["url"]})
+    with pytest.raises(PipelineError, match=r"sink 'out': a JDBC sink's dbtable= names a table, not a query"):
+        base().add_sink("out", "events", format="jdbc", options={"url": db["url"], "dbtable": " (SELECT 1) t"})
     sink = base().add_sink("out", "events", format="jdbc", options=db).sinks["out"]
     assert sink.is_jdbc and not sink.is_file_sink
     assert base().add_sink("out", "events", format="jdbc", options={"URL": db["url"], "dbTable": "w"}).sinks["out"]

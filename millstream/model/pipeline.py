@@ -298,8 +298,9 @@ class Pipeline:
           directory the driver starts in);
         - format "jdbc" with `options` url= and dbtable= (and what else Spark's JDBC writer takes):
           a database table with columns `millstream_producer` and `millstream_batch`, each batch
-          written by the executors to a staging table, then put in by one transaction that also
-          deletes a re-delivery's own rows (readers never see a batch partial or twice);
+          written by the executors to a staging table millstream makes beside it, then put in by
+          one transaction that also deletes a re-delivery's own rows (on a database with
+          transactions, readers never see a batch partial or twice);
         - `writer`: your function, called as writer(dataframe, batch_id).
 
         The dataframe has columns key, timestamp, id, value (JSON text for JSON streams, bytes
@@ -322,6 +323,8 @@ class Pipeline:
             given = {option.lower(): value for option, value in (options or {}).items()}  # as Spark reads them
             if not given.get("url") or not given.get("dbtable"):
                 raise PipelineError(f"sink {name!r}: a JDBC sink needs options url= and dbtable=")
+            if str(given["dbtable"]).lstrip().startswith("("):
+                raise PipelineError(f"sink {name!r}: a JDBC sink's dbtable= names a table, not a query")
         elif len([x for x in (path, writer, table) if x is not None]) != 1:
             raise PipelineError(f"sink {name!r}: give exactly one of path=, writer= or table= "
                                 "(or format='jdbc' with options url= and dbtable=)")

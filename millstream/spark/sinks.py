@@ -32,7 +32,8 @@ import re
 import threading
 import time
 import uuid
-from typing import Any, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, NamedTuple
 from urllib.parse import urlsplit
 
 import pyarrow.parquet as pq
@@ -272,10 +273,10 @@ _TABLE_LOCKS_GUARD = threading.Lock()
 
 def _table_lock(table: str) -> threading.Lock:
     """The lock of a table for this process's deliveries (two sinks may name one table)."""
-    return _lock(table_place(table))
+    return _lock_of(table_place(table))
 
 
-def _lock(place: str) -> threading.Lock:
+def _lock_of(place: str) -> threading.Lock:
     with _TABLE_LOCKS_GUARD:
         return _TABLE_LOCKS.setdefault(place, threading.Lock())
 
@@ -381,119 +382,175 @@ def failure_reason(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"
 
 
+class StagedAttempt(NamedTuple):
+    """A task attempt's rows in a JDBC sink's staging table."""
+
+    partition: int  # the Spark partition it wrote
+    attempt: int  # Spark's task attempt id, unique in the application
+    rows: int  # how many rows it staged
+
+
+@dataclass(frozen=True)
+class _JdbcTables:
+    """A JDBC sink's table and its staging table, with their columns as the database spells them,
+    by lower-case name."""
+
+    table: str
+    columns: dict[str, str]
+    staging: str
+    staging_columns: dict[str, str]
+
+
 def deliver_jdbc(spark: Any, frame: Any, node: SinkNode, producer: str, batch: int, root: str) -> None:
     """Replace the batch's rows in the database table, all at once. Spark's JDBC writer commits per
     task: written straight into the table, a batch would show partial to readers, and a task run again
     after it committed (its executor lost before it reported, a speculative copy) would write its rows
     twice. So the executors write the batch into a staging table of this sink and producer, each row
-    marked with its Spark partition and task attempt (`_mark_attempt`); then the driver, in one
-    transaction, deletes what an earlier delivery of the batch left and copies one complete attempt per
-    partition (`complete_attempts`) from staging. A delivery that fails before its commit leaves the
-    table as it was."""
+    marked with this delivery and its Spark partition and task attempt (`_mark_attempt`); then the
+    driver, in one transaction, deletes what an earlier delivery of the batch left, copies one
+    complete attempt per partition (`complete_attempts`) from staging and empties staging. A delivery
+    that fails before its commit leaves the table as it was, on a database with transactions. The
+    staging table is made once (in the table's schema: the sink needs the right to create it)."""
     from pyspark.sql import functions as F
 
     options = {name.lower(): value for name, value in node.options.items()}  # Spark's are case-blind
     url, table = options["url"], options["dbtable"]
-    rows = (frame.withColumn("millstream_producer", F.lit(producer))
-            .withColumn("millstream_batch", F.lit(batch).cast("long")))
-    write = _jdbc_write_options(node.options)
-    stage = staging_table(table, root, node.name, producer)
-    jvm = spark._jvm
-    given = jvm.java.util.HashMap()
-    for name, value in node.options.items():
-        given.put(name, value)
-    jdbc = jvm.org.apache.spark.sql.execution.datasources.jdbc.JDBCOptions(
-        jvm.org.apache.spark.api.python.PythonUtils.toScalaMap(given))
-    dialect = jvm.org.apache.spark.sql.jdbc.JdbcDialects.get(url)
-    with _lock(f"jdbc {url} {table.lower()}"):  # two sinks may name one table: one creates it
-        connection = dialect.createConnectionFactory(jdbc).apply(-1)
-        try:
+    batch_rows = (frame.withColumn("millstream_producer", F.lit(producer))
+                  .withColumn("millstream_batch", F.lit(batch).cast("long")))
+    delivery = uuid.uuid4().hex
+    marked = (batch_rows.withColumn("millstream_delivery", F.lit(delivery))
+              .mapInArrow(_mark_attempt, _with_attempt_columns(batch_rows.schema, "millstream_delivery")))
+    staging = staging_table(table, root, node.name, producer)
+    dialect, connection = _jdbc_connection(spark, node.options, url)
+    try:
+        with _lock_of(f"jdbc {url} {table.lower()}"):  # two sinks may name one table: one creates it
             columns = _jdbc_columns(connection, table)
             if columns is None:
-                rows.limit(0).write.format("jdbc").options(**write).mode("append").save()  # Spark's types
+                (batch_rows.limit(0).write.format("jdbc")  # with Spark's types
+                 .options(**_jdbc_write_options(node.options, ("millstream_producer",)), dbtable=table)
+                 .mode("append").save())
                 _index_batches(connection, dialect, table)
-                columns = _jdbc_columns(connection, table) or {}
-            missing = [name for name in rows.columns if name not in columns]
-            if missing:
-                raise SinkError(f"sink {node.name!r}: table {table} has no columns {', '.join(missing)}, which "
-                                "millstream writes (millstream_producer and millstream_batch find a redelivered "
-                                "batch's rows); let millstream create the table, or add them (millstream_producer a "
-                                "string of up to 64 characters, millstream_batch a bigint)")
-            _drop_table(connection, stage)
-            staging = {name: value for name, value in write.items() if name.lower() != "dbtable"}
-            (rows.mapInArrow(_mark_attempt, _with_attempt_columns(rows.schema))
-             .write.format("jdbc").options(**staging, dbtable=stage).mode("append").save())
-            staged = _jdbc_columns(connection, stage) or {}
-            attempts = complete_attempts(_staged_counts(connection, dialect, stage, staged, batch))
-            _replace_batch(connection, dialect, table, stage, [(columns[name], staged[name]) for name in rows.columns],
-                           (producer, batch), attempts, staged["millstream_attempt"])
-            _drop_table(connection, stage)
-        finally:
-            connection.close()
+                columns = _read_columns(connection, table, node.name)
+        missing = [name for name in batch_rows.columns if name not in columns]
+        if missing:
+            raise SinkError(f"sink {node.name!r}: table {table} has no columns {', '.join(missing)}, which millstream "
+                            "writes; let millstream create the table, or add them (key, id, producer and "
+                            "millstream_producer strings, timestamp and millstream_batch bigints, value the "
+                            "stream's values: text for JSON streams, bytes otherwise)")
+        staging_columns = _jdbc_columns(connection, staging)
+        if staging_columns is not None and any(name not in staging_columns for name in marked.columns):
+            _drop_table(connection, staging)  # made for other columns (the sink's options changed)
+        write_staged(marked, {**_jdbc_write_options(node.options, ("millstream_producer", "millstream_delivery")),
+                              "dbtable": staging})
+        tables = _JdbcTables(table, columns, staging, _read_columns(connection, staging, node.name))
+        staged = _staged_attempts(connection, dialect, tables, delivery)
+        kept = set(complete_attempts(staged))
+        discarded = [found.attempt for found in staged if found.attempt not in kept]
+        _replace_batch(connection, dialect, tables, batch_rows.columns, (producer, batch), delivery, discarded)
+    finally:
+        connection.close()
 
 
-def _staged_counts(connection: Any, dialect: Any, stage: str, staged: dict[str, str],
-                   batch: int) -> list[tuple[int, int, int]]:
-    """(partition, attempt, rows) of each task attempt that staged rows of the batch (a speculative
-    copy that outlived an earlier delivery's job may still write that batch's rows here)."""
-    marks = ", ".join(dialect.quoteIdentifier(staged[name]) for name in ("millstream_task", "millstream_attempt"))
-    query = connection.prepareStatement(f"SELECT {marks}, COUNT(*) FROM {stage} WHERE "
-                                        f"{dialect.quoteIdentifier(staged['millstream_batch'])} = ? GROUP BY {marks}")
-    query.setLong(1, batch)
+def write_staged(marked: Any, options: dict[str, str]) -> None:
+    """Spark's executors append a batch's marked rows to the staging table (made on first use)."""
+    marked.write.format("jdbc").options(**options).mode("append").save()
+
+
+def _jdbc_connection(spark: Any, given: Mapping[str, str], url: str) -> tuple[Any, Any]:
+    """(Spark's dialect for the URL, a connection on the driver made as Spark's JDBC writer makes
+    its own, with the sink's options)."""
+    jvm = spark._jvm
+    options = jvm.java.util.HashMap()
+    for name, value in given.items():
+        options.put(name, value)
+    jdbc = jvm.org.apache.spark.sql.execution.datasources.jdbc.JDBCOptions(
+        jvm.org.apache.spark.api.python.PythonUtils.toScalaMap(options))
+    dialect = jvm.org.apache.spark.sql.jdbc.JdbcDialects.get(url)
+    return dialect, dialect.createConnectionFactory(jdbc).apply(-1)
+
+
+def _staged_attempts(connection: Any, dialect: Any, tables: _JdbcTables, delivery: str) -> list[StagedAttempt]:
+    """Each task attempt of this delivery that staged rows (a task of an earlier delivery, a
+    speculative copy or a driver's that died, may still be writing there)."""
+    quote, staged = dialect.quoteIdentifier, tables.staging_columns
+    marks = f"{quote(staged['millstream_partition'])}, {quote(staged['millstream_attempt'])}"
+    query = connection.prepareStatement(f"SELECT {marks}, COUNT(*) FROM {tables.staging} WHERE "
+                                        f"{quote(staged['millstream_delivery'])} = ? GROUP BY {marks}")
+    query.setString(1, delivery)
     found = query.executeQuery()
-    counts = []
+    attempts = []
     try:
         while found.next():
-            counts.append((found.getInt(1), found.getLong(2), found.getLong(3)))
+            attempts.append(StagedAttempt(found.getInt(1), found.getLong(2), found.getLong(3)))
     finally:
         found.close()
-    return counts
+    return attempts
 
 
-def _replace_batch(connection: Any, dialect: Any, table: str, stage: str, columns: list[tuple[str, str]],
-                   batch: tuple[str, int], attempts: list[int], attempt_column: str) -> None:
-    """In one transaction: delete the rows of `batch` (producer, batch id) from the table, copy in the
-    given attempts' rows from staging. `columns`: (the table's name, staging's name) of each column
-    copied, millstream_producer and millstream_batch among them."""
-    into = ", ".join(dialect.quoteIdentifier(name) for name, _ in columns)
-    select = ", ".join(dialect.quoteIdentifier(name) for _, name in columns)
-    by_name = {name.lower(): name for name, _ in columns}
-    by_producer, by_batch = by_name["millstream_producer"], by_name["millstream_batch"]
+def _replace_batch(connection: Any, dialect: Any, tables: _JdbcTables, copied: list[str], batch: tuple[str, int],
+                   delivery: str, discarded: list[int]) -> None:
+    """In one transaction: delete the rows of the batch (producer, batch id) from the table and the
+    `discarded` attempts' rows from staging, copy the `copied` columns of this delivery's rows left
+    in staging into the table, empty staging. The statements' text is the same in every delivery
+    (a database may compile each one it has not seen)."""
+    quote = dialect.quoteIdentifier
+    producer, batch_id = batch
+    delivery_column = quote(tables.staging_columns["millstream_delivery"])
+    into = ", ".join(quote(tables.columns[name]) for name in copied)
+    select = ", ".join(quote(tables.staging_columns[name]) for name in copied)
     autocommit = connection.getAutoCommit()
     connection.setAutoCommit(False)
     try:
-        delete = connection.prepareStatement(f"DELETE FROM {table} WHERE {dialect.quoteIdentifier(by_producer)} = ? "
-                                             f"AND {dialect.quoteIdentifier(by_batch)} = ?")
-        delete.setString(1, batch[0])
-        delete.setLong(2, batch[1])
+        delete = connection.prepareStatement(
+            f"DELETE FROM {tables.table} WHERE {quote(tables.columns['millstream_producer'])} = ? "
+            f"AND {quote(tables.columns['millstream_batch'])} = ?")
+        delete.setString(1, producer)
+        delete.setLong(2, batch_id)
         delete.executeUpdate()
-        faults.reached("sink-staged", batch[0])
-        for start in range(0, len(attempts), 500):  # a bounded IN list per statement
-            chosen = ", ".join(str(attempt) for attempt in attempts[start:start + 500])
-            connection.prepareStatement(f"INSERT INTO {table} ({into}) SELECT {select} FROM {stage} WHERE "
-                                        f"{dialect.quoteIdentifier(attempt_column)} IN ({chosen})").executeUpdate()
+        faults.reached("sink-staged", producer)
+        if discarded:  # a task's second commit, or an attempt that died half-way
+            discard = connection.prepareStatement(
+                f"DELETE FROM {tables.staging} WHERE {delivery_column} = ? AND "
+                f"{quote(tables.staging_columns['millstream_attempt'])} = ?")
+            for attempt in discarded:
+                discard.setString(1, delivery)
+                discard.setLong(2, attempt)
+                discard.executeUpdate()
+        insert = connection.prepareStatement(
+            f"INSERT INTO {tables.table} ({into}) SELECT {select} FROM {tables.staging} WHERE {delivery_column} = ?")
+        insert.setString(1, delivery)
+        insert.executeUpdate()
+        connection.prepareStatement(f"DELETE FROM {tables.staging}").executeUpdate()  # and what dead ones left
         connection.commit()
     except BaseException:
-        connection.rollback()
+        try:
+            connection.rollback()
+        except Exception:
+            pass  # the connection is gone; the error being raised says why
         raise
     finally:
-        connection.setAutoCommit(autocommit)
+        try:
+            connection.setAutoCommit(autocommit)
+        except Exception:
+            pass
 
 
-def complete_attempts(counts: list[tuple[int, int, int]]) -> list[int]:
-    """The task attempts whose staged rows make the batch, from (partition, attempt, rows staged) of
-    each: per partition, the attempt that wrote the most rows, the first of those that tie. Every
-    attempt of a partition writes the same rows (read from the batch's published files); one that
-    wrote fewer died half-way, on a database without transactions.
+def complete_attempts(staged: list[StagedAttempt]) -> list[int]:
+    """The task attempts whose staged rows make the batch: per partition, the attempt that wrote the
+    most rows, the first of those that tie. Every attempt of a partition writes the same rows (read
+    from the batch's published files); one that wrote fewer died half-way, on a database without
+    transactions.
 
-    >>> complete_attempts([(0, 7, 300), (1, 8, 120), (0, 9, 300), (1, 10, 50)])
+    >>> complete_attempts([StagedAttempt(0, 7, 300), StagedAttempt(1, 8, 120), StagedAttempt(0, 9, 300),
+    ...                    StagedAttempt(1, 10, 50)])
     [7, 8]
     """
-    best: dict[int, tuple[int, int]] = {}
-    for partition, attempt, rows in counts:
-        if partition not in best or (-rows, attempt) < (-best[partition][1], best[partition][0]):
-            best[partition] = (attempt, rows)
-    return sorted(attempt for attempt, _ in best.values())
+    best: dict[int, StagedAttempt] = {}
+    for found in staged:
+        kept = best.get(found.partition)
+        if kept is None or (-found.rows, found.attempt) < (-kept.rows, kept.attempt):
+            best[found.partition] = found
+    return sorted(found.attempt for found in best.values())
 
 
 def staging_table(table: str, root: str, sink: str, producer: str) -> str:
@@ -502,51 +559,67 @@ def staging_table(table: str, root: str, sink: str, producer: str) -> str:
 
     >>> staging_table("reports.windows", "/data/root", "db", "count")
     'reports.millstream_stage_06e0706c5d34'
+    >>> staging_table('"my.db"."all.windows"', "/data/root", "db", "count")
+    '"my.db".millstream_stage_06e0706c5d34'
+    >>> staging_table("windows", "/data/root", "db", "count")
+    'millstream_stage_06e0706c5d34'
     """
-    schema = table.rpartition(".")[0] if "(" not in table else ""
+    closing = {'"': '"', "`": "`", "[": "]"}
+    quote, last_dot = "", -1
+    for at, char in enumerate(table):  # the last dot outside quotes ends the schema
+        if quote:
+            quote = "" if char == quote else quote
+        elif char in closing:
+            quote = closing[char]
+        elif char == ".":
+            last_dot = at
     digest = hashlib.blake2b(f"{root}\0{sink}\0{producer}".encode(), digest_size=6).hexdigest()
-    return f"{schema}.millstream_stage_{digest}" if schema else f"millstream_stage_{digest}"
+    return f"{table[:last_dot + 1]}millstream_stage_{digest}"
 
 
 def _mark_attempt(batches: Any) -> Any:
-    """Each staged row's Spark partition and task attempt (unique in the application): what tells
-    a task's second commit apart from its first."""
+    """Each staged row's Spark partition and task attempt: what tells a task's second commit apart
+    from its first."""
     import pyarrow as pa
     from pyspark import TaskContext
 
     context = TaskContext.get()
-    assert context is not None, "run by Spark's tasks only"
+    if context is None:
+        raise RuntimeError("_mark_attempt runs in Spark's tasks only")
     partition, attempt = context.partitionId(), context.taskAttemptId()
     for rows in batches:
         yield pa.RecordBatch.from_arrays(
             [*rows.columns, pa.array([partition] * rows.num_rows, pa.int32()),
              pa.array([attempt] * rows.num_rows, pa.int64())],
-            names=[*rows.schema.names, "millstream_task", "millstream_attempt"])
+            names=[*rows.schema.names, "millstream_partition", "millstream_attempt"])
 
 
-def _with_attempt_columns(schema: Any) -> Any:
-    from pyspark.sql.types import IntegerType, LongType, StructField, StructType
+def _with_attempt_columns(schema: Any, delivery_column: str) -> Any:
+    from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
 
-    return StructType([*schema.fields, StructField("millstream_task", IntegerType(), False),
+    return StructType([*schema.fields, StructField(delivery_column, StringType(), False),
+                       StructField("millstream_partition", IntegerType(), False),
                        StructField("millstream_attempt", LongType(), False)])
 
 
-def _jdbc_write_options(given: Mapping[str, str]) -> dict[str, str]:
-    """The sink's options for Spark's JDBC writer, with a comparable type for millstream_producer:
-    Spark's default for a string column is a text type some databases cannot compare (Derby's CLOB)."""
+def _jdbc_write_options(given: Mapping[str, str], compared: tuple[str, ...]) -> dict[str, str]:
+    """The sink's options for Spark's JDBC writer, with comparable types for the `compared` string
+    columns millstream finds rows by: Spark's default for a string column is a text type some
+    databases cannot compare (Derby's CLOB)."""
     types = next((value for name, value in given.items() if name.lower() == "createtablecolumntypes"), "")
-    write = {name: value for name, value in given.items() if name.lower() != "createtablecolumntypes"}
-    if "millstream_producer" not in types:
-        types = ", ".join(filter(None, (types, "millstream_producer VARCHAR(64)")))
+    write = {name: value for name, value in given.items()
+             if name.lower() not in ("createtablecolumntypes", "dbtable")}
+    for column in compared:
+        if column not in types:
+            types = ", ".join(filter(None, (types, f"{column} VARCHAR(64)")))
     write["createTableColumnTypes"] = types
     return write
 
 
 def _drop_table(connection: Any, table: str) -> None:
-    if _jdbc_columns(connection, table) is not None:
-        connection.prepareStatement(f"DROP TABLE {table}").executeUpdate()
-        if not connection.getAutoCommit():
-            connection.commit()
+    connection.prepareStatement(f"DROP TABLE {table}").executeUpdate()
+    if not connection.getAutoCommit():
+        connection.commit()
 
 
 def _index_batches(connection: Any, dialect: Any, table: str) -> None:
@@ -566,11 +639,20 @@ def _index_batches(connection: Any, dialect: Any, table: str) -> None:
 
 def _jdbc_columns(connection: Any, table: str) -> dict[str, str] | None:
     """The table's column names as the database spells them, by their lower-case name; None when
-    there is no such table (Spark's own test for one: a query that reads no row)."""
+    there is no such table."""
+    try:
+        return _read_columns(connection, table, "")
+    except SinkError:
+        return None
+
+
+def _read_columns(connection: Any, table: str, sink: str) -> dict[str, str]:
+    """`_jdbc_columns` of a table that must be there (Spark's own test for a table: a query that
+    reads no row); the database's reason in one line where it cannot be read."""
     try:
         rows = connection.prepareStatement(f"SELECT * FROM {table} WHERE 1 = 0").executeQuery()
-    except Exception:
-        return None
+    except Exception as error:
+        raise SinkError(f"sink {sink!r}: table {table} cannot be read: {_java_reason(error)}") from None
     try:
         meta = rows.getMetaData()
         return {meta.getColumnName(i).lower(): meta.getColumnName(i) for i in range(1, meta.getColumnCount() + 1)}

@@ -19,7 +19,8 @@ import millstream.spark.sinks as sinks
 from millstream import GeneratorInjector, Pipeline, Record
 from millstream.spark.publog import BATCH, PublicationLog
 from millstream.spark.runner import SparkRunner
-from millstream.spark.sinks import complete_attempts, sink_deliverers
+from millstream.spark import faults
+from millstream.spark.sinks import StagedAttempt, complete_attempts, sink_deliverers
 
 EVENTS = 2_000
 KEYS = 40  # enough for a batch's records to span two files, so two partitions per Spark job
@@ -79,8 +80,8 @@ def test_every_task_committed_twice_still_leaves_each_window_once(spark, tmp_pat
     assert len(batches) > 3 and len(saves) >= len(batches) and len(staged) == len(batches)
     for counts in staged:  # each partition staged by two attempts, with the same rows
         rows_by_partition: dict[int, list[int]] = {}
-        for partition, _, rows in counts:
-            rows_by_partition.setdefault(partition, []).append(rows)
+        for found in counts:
+            rows_by_partition.setdefault(found.partition, []).append(found.rows)
         assert all(len(rows) == 2 and rows[0] == rows[1] for rows in rows_by_partition.values()), counts
     assert any(len(counts) > 2 for counts in staged)
     assert table_windows(spark, options) == expected_windows()
@@ -88,19 +89,52 @@ def test_every_task_committed_twice_still_leaves_each_window_once(spark, tmp_pat
     assert table_windows(spark, options) == expected_windows()
 
 
-def test_a_redelivery_whose_write_fails_leaves_the_batch_as_it_was(spark, tmp_path, monkeypatch):
+def test_a_partition_s_attempt_that_died_half_way_is_not_the_one_kept(spark, tmp_path, monkeypatch):
+    """On a database without transactions an attempt that died keeps the rows it wrote: each
+    partition is staged first by such an attempt (a third of its rows), then by a complete one."""
+    from pyspark.sql import functions as F
+
+    options = {"url": f"jdbc:derby:{tmp_path / 'db'};create=true", "dbtable": "windows"}
+    original = sinks.write_staged
+    staged = []
+
+    def half_way_first(marked, staging_options):
+        original(marked.where(F.col("timestamp") % 3 == 0), staging_options)
+        original(marked, staging_options)
+
+    def kept(counts):
+        staged.append(counts)
+        return complete_attempts(counts)
+
+    monkeypatch.setattr(sinks, "write_staged", half_way_first)
+    monkeypatch.setattr(sinks, "complete_attempts", kept)
+    pipeline = jdbc_pipeline(options)
+    root = str(tmp_path / "root")
+    SparkRunner(pipeline, root=root, spark=spark, max_records_per_batch=250).run(progress_interval=0.2, timeout=300)
+    assert any(len({found.rows for found in counts if found.partition == partition}) == 2
+               for counts in staged for partition in {found.partition for found in counts})
+    assert table_windows(spark, options) == expected_windows()
+
+
+@pytest.mark.parametrize("failing", ["the staging write", "the transaction"])
+def test_a_redelivery_that_fails_leaves_the_batch_as_it_was(failing, spark, tmp_path, monkeypatch):
+    """The executors lost during the staging write, or the delivery failing in its transaction after
+    it deleted the batch's earlier rows: readers still find the batch whole."""
     options = {"url": f"jdbc:derby:{tmp_path / 'db'};create=true", "dbtable": "windows"}
     pipeline = jdbc_pipeline(options)
     root = str(tmp_path / "root")
     SparkRunner(pipeline, root=root, spark=spark, max_records_per_batch=250).run(progress_interval=0.2, timeout=300)
     assert table_windows(spark, options) == expected_windows()
 
-    def lost(self, *args, **kwargs):
-        raise RuntimeError("the executors were lost")
+    def lost(*args, **kwargs):
+        raise RuntimeError("the delivery failed")
 
-    monkeypatch.setattr(DataFrameWriter, "save", lost)
+    if failing == "the staging write":
+        monkeypatch.setattr(DataFrameWriter, "save", lost)
+    else:
+        monkeypatch.setattr(faults, "reached", lambda point, name: point == "sink-staged" and lost())
     batches = published_batches(root)
-    with pytest.raises(RuntimeError, match="the executors were lost"):
+    with pytest.raises(RuntimeError, match="the delivery failed"):
         redeliver(spark, root, pipeline, batches[1:2])
     assert table_windows(spark, options) == expected_windows()
 
@@ -109,7 +143,7 @@ def test_a_redelivery_whose_write_fails_leaves_the_batch_as_it_was(spark, tmp_pa
 def test_a_driver_killed_in_a_jdbc_delivery_leaves_each_window_once_after_its_restart(kill_at, spark, tmp_path):
     """Killed with the batch staged and the earlier rows deleted in the open transaction, or after the
     commit and before the delivery was recorded: the restart delivers the batch again (the database
-    rolled the open transaction back), and the staging table goes."""
+    rolled the open transaction back), and the staging table is left empty."""
     here = os.path.dirname(os.path.abspath(__file__))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join((os.path.dirname(os.path.dirname(here)),
                                                          os.path.dirname(here)))}
@@ -122,9 +156,14 @@ def test_a_driver_killed_in_a_jdbc_delivery_leaves_each_window_once_after_its_re
     options = restart_options(str(tmp_path))
     assert table_windows(spark, options) == expected_windows()
     connection = spark._jvm.java.sql.DriverManager.getConnection(options["url"])
-    try:
+    try:  # the sink's staging table is kept, emptied by the transaction that copied the last batch
         found = connection.getMetaData().getTables(None, None, "MILLSTREAM_STAGE%", None)
-        assert not found.next()
+        staging = []
+        while found.next():
+            staging.append(found.getString("TABLE_NAME"))
+        assert len(staging) == 1, staging
+        counted = connection.createStatement().executeQuery(f"SELECT COUNT(*) FROM {staging[0]}")
+        assert counted.next() and counted.getLong(1) == 0
     finally:
         connection.close()
 
@@ -150,13 +189,12 @@ def restart_options(base):
 
 
 def test_the_attempt_kept_for_each_partition_is_a_complete_one():
-    """(partition, attempt, rows): attempts of one partition write the same rows, so one that wrote
-    fewer died half-way (a database without transactions keeps what it had written)."""
+    """Attempts of one partition write the same rows, so one that wrote fewer died half-way (a
+    database without transactions keeps what it had written)."""
     assert complete_attempts([]) == []
-    assert complete_attempts([(0, 11, 40)]) == [11]
-    assert complete_attempts([(0, 11, 17), (0, 12, 40), (1, 13, 5)]) == [12, 13]
-    assert complete_attempts([(3, 20, 40), (3, 12, 40), (3, 30, 2)]) == [12]
-
+    assert complete_attempts([StagedAttempt(0, 11, 40)]) == [11]
+    assert complete_attempts([StagedAttempt(0, 11, 17), StagedAttempt(0, 12, 40), StagedAttempt(1, 13, 5)]) == [12, 13]
+    assert complete_attempts([StagedAttempt(3, 20, 40), StagedAttempt(3, 12, 40), StagedAttempt(3, 30, 2)]) == [12]
 
 if __name__ == "__main__":  # the driver process of the restart test
     SparkRunner(jdbc_pipeline(restart_options(sys.argv[1])), root=f"{sys.argv[1]}/root", master="local[2]",
