@@ -418,8 +418,8 @@ def deliver_jdbc(spark: Any, frame: Any, node: SinkNode, producer: str, batch: i
     batch_rows = (frame.withColumn("millstream_producer", F.lit(producer))
                   .withColumn("millstream_batch", F.lit(batch).cast("long")))
     delivery = uuid.uuid4().hex
-    marked = (batch_rows.withColumn("millstream_delivery", F.lit(delivery))
-              .mapInArrow(_mark_attempt, _with_attempt_columns(batch_rows.schema, "millstream_delivery")))
+    of_delivery = batch_rows.withColumn("millstream_delivery", F.lit(delivery))
+    marked = of_delivery.mapInArrow(_mark_attempt, _with_attempt_columns(of_delivery.schema))
     staging = staging_table(table, root, node.name, producer)
     dialect, connection = _jdbc_connection(spark, node.options, url)
     try:
@@ -594,11 +594,10 @@ def _mark_attempt(batches: Any) -> Any:
             names=[*rows.schema.names, "millstream_partition", "millstream_attempt"])
 
 
-def _with_attempt_columns(schema: Any, delivery_column: str) -> Any:
-    from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
+def _with_attempt_columns(schema: Any) -> Any:
+    from pyspark.sql.types import IntegerType, LongType, StructField, StructType
 
-    return StructType([*schema.fields, StructField(delivery_column, StringType(), False),
-                       StructField("millstream_partition", IntegerType(), False),
+    return StructType([*schema.fields, StructField("millstream_partition", IntegerType(), False),
                        StructField("millstream_attempt", LongType(), False)])
 
 

@@ -55,6 +55,26 @@ def redeliver(spark, root, pipeline, entries):
             deliver("windower", entry["batch"], entry)
 
 
+def recorded_attempts(monkeypatch):
+    """The staged attempts of each delivery from now on, as `complete_attempts` is handed them."""
+    staged = []
+
+    def kept(counts):
+        staged.append(counts)
+        return complete_attempts(counts)
+
+    monkeypatch.setattr(sinks, "complete_attempts", kept)
+    return staged
+
+
+def run_to_the_end(spark, tmp_path, options):
+    """(the pipeline, its root) after running it to its end on the tests' session."""
+    pipeline = jdbc_pipeline(options)
+    root = str(tmp_path / "root")
+    SparkRunner(pipeline, root=root, spark=spark, max_records_per_batch=250).run(progress_interval=0.2, timeout=300)
+    return pipeline, root
+
+
 def test_every_task_committed_twice_still_leaves_each_window_once(spark, tmp_path, monkeypatch):
     options = {"url": f"jdbc:derby:{tmp_path / 'db'};create=true", "dbtable": "windows"}
     original = DataFrameWriter.save
@@ -65,17 +85,9 @@ def test_every_task_committed_twice_still_leaves_each_window_once(spark, tmp_pat
         original(self, *args, **kwargs)
         original(self, *args, **kwargs)
 
-    staged = []
-
-    def kept(counts):
-        staged.append(counts)
-        return complete_attempts(counts)
-
     monkeypatch.setattr(DataFrameWriter, "save", every_task_twice)
-    monkeypatch.setattr(sinks, "complete_attempts", kept)
-    pipeline = jdbc_pipeline(options)
-    root = str(tmp_path / "root")
-    SparkRunner(pipeline, root=root, spark=spark, max_records_per_batch=250).run(progress_interval=0.2, timeout=300)
+    staged = recorded_attempts(monkeypatch)
+    pipeline, root = run_to_the_end(spark, tmp_path, options)
     batches = published_batches(root)
     assert len(batches) > 3 and len(saves) >= len(batches) and len(staged) == len(batches)
     for counts in staged:  # each partition staged by two attempts, with the same rows
@@ -96,21 +108,14 @@ def test_a_partition_s_attempt_that_died_half_way_is_not_the_one_kept(spark, tmp
 
     options = {"url": f"jdbc:derby:{tmp_path / 'db'};create=true", "dbtable": "windows"}
     original = sinks.write_staged
-    staged = []
 
     def half_way_first(marked, staging_options):
         original(marked.where(F.col("timestamp") % 3 == 0), staging_options)
         original(marked, staging_options)
 
-    def kept(counts):
-        staged.append(counts)
-        return complete_attempts(counts)
-
     monkeypatch.setattr(sinks, "write_staged", half_way_first)
-    monkeypatch.setattr(sinks, "complete_attempts", kept)
-    pipeline = jdbc_pipeline(options)
-    root = str(tmp_path / "root")
-    SparkRunner(pipeline, root=root, spark=spark, max_records_per_batch=250).run(progress_interval=0.2, timeout=300)
+    staged = recorded_attempts(monkeypatch)
+    run_to_the_end(spark, tmp_path, options)
     assert any(len({found.rows for found in counts if found.partition == partition}) == 2
                for counts in staged for partition in {found.partition for found in counts})
     assert table_windows(spark, options) == expected_windows()
@@ -121,9 +126,7 @@ def test_a_redelivery_that_fails_leaves_the_batch_as_it_was(failing, spark, tmp_
     """The executors lost during the staging write, or the delivery failing in its transaction after
     it deleted the batch's earlier rows: readers still find the batch whole."""
     options = {"url": f"jdbc:derby:{tmp_path / 'db'};create=true", "dbtable": "windows"}
-    pipeline = jdbc_pipeline(options)
-    root = str(tmp_path / "root")
-    SparkRunner(pipeline, root=root, spark=spark, max_records_per_batch=250).run(progress_interval=0.2, timeout=300)
+    pipeline, root = run_to_the_end(spark, tmp_path, options)
     assert table_windows(spark, options) == expected_windows()
 
     def lost(*args, **kwargs):
